@@ -1,0 +1,43 @@
+# Two commands set everything up on a fresh machine: `make lab` and `make test`. `make help` lists the rest.
+PYTHON     ?= python3
+# CI sets TORCH_SPEC=torch==2.13.0 (the CPU wheel on local disk). On a laptop without a GPU, a CPU-only
+# wheel spec saves gigabytes; on a GPU box the default pulls the CUDA build.
+TORCH_SPEC ?= torch>=2.4
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help lab test test-fast release bench doctor clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv and install the course package with its test tools
+
+lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
+	$(VENV)/bin/jupyter lab --notebook-dir=labs
+
+test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed  ## the tests that do not execute whole notebooks
+	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
+
+release: $(VENV)/.installed  ## regenerate labs/ from solutions/ with nbgrader (commit the result)
+	$(VENV)/bin/dtlabs release
+
+doctor: $(VENV)/.installed  ## check torch, backends, GPUs and a 2-rank all-reduce
+	$(VENV)/bin/dtlabs doctor
+
+bench: $(VENV)/.installed  ## launcher benchmark: medians and ratios against mp.spawn and notebook_launcher
+	$(PY) benchmarks/bench_launch.py
+
+clean:  ## remove .venv and grader work folders
+	rm -rf $(VENV) grader/work

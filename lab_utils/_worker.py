@@ -1,0 +1,281 @@
+"""The zygote (a warm fork server) and the rank processes it forks.
+
+Why a zygote: a fresh interpreter per rank pays ``import torch`` (2-3 s) on every launch, and forking the
+notebook itself is unsafe once CUDA or threads are live (pytorch#20375, accelerate#940). The zygote is
+started once per notebook with ``python -m lab_utils._worker``: it imports torch (never CUDA), stays
+single-threaded, and forks a clean rank process per rank per launch in about a millisecond. Ranks are
+used once and exit; the zygote is never touched by student code.
+
+Protocol (one Unix socket to the launcher, JSON frames, see ``_wire``):
+  launcher -> zygote  {"op": "fork", "rank": k}  + fds [job_r, out_w, err_w, result_w]
+  zygote -> launcher  {"op": "forked", "rank": k, "pid": p}
+  zygote -> launcher  {"op": "exit", "pid": p, "status": s}   (waitpid status, signal as -signum)
+  zygote -> launcher  {"op": "ready", "modules": [...]}        (after each warm-up import)
+The rank reads one cloudpickled job frame on stdin (fd 0) and writes one result frame on fd 3.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+from lab_utils import _wire
+
+RESULT_FD = 3
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+
+# Imported right away (a cold launch waits for these) ...
+CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
+# ... then one at a time while the zygote is idle, so later launches of DDP/FSDP code start warm
+# (the first DDP() pulls in torch._dynamo, +2 s; FSDP launches took 11-24 s cold, design.md section 7).
+WARM_IMPORTS = [
+    "torch.nn.parallel",
+    "torch.distributed.algorithms.ddp_comm_hooks",
+    "torch._dynamo",
+    "torch.distributed.fsdp",
+    "torch.distributed.optim",
+    "torch.distributed.checkpoint",
+    "torch.profiler",
+    "torch.utils.data",
+    "torch.optim",
+    "numpy",
+]
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover - non-POSIX
+        return None
+
+
+def _set_name(name: str) -> None:
+    """Name the process (what ps/psutil show as its name) so tests and students can find ranks."""
+    libc = _libc()
+    if libc is not None and sys.platform.startswith("linux"):
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def _die_with_parent(expected_parent: int) -> None:
+    """Linux: SIGKILL us when our parent dies. Elsewhere the watchdog thread below covers it."""
+    libc = _libc()
+    if libc is not None and sys.platform.startswith("linux"):
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != expected_parent:  # parent died before prctl took effect
+        os._exit(1)
+
+
+def _watch_parent(expected_parent: int, interval: float = 0.5) -> None:
+    def loop():
+        while True:
+            time.sleep(interval)
+            if os.getppid() != expected_parent:
+                os._exit(1)
+
+    threading.Thread(target=loop, name="dtlabs-parent-watch", daemon=True).start()
+
+
+# --------------------------------------------------------------------------------------------- zygote
+def zygote_main(sock_fd: int, launcher_pid: int) -> None:
+    _set_name("dtlabs-zygote")
+    _die_with_parent(launcher_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is the launcher's to handle
+    sock = socket.socket(fileno=sock_fd)
+    for name in CORE_IMPORTS:
+        __import__(name)
+    _wire.send_json(sock, {"op": "ready", "modules": CORE_IMPORTS})
+    pending_imports = list(WARM_IMPORTS)
+    children: set[int] = set()
+    try:
+        while True:
+            # Reap exited ranks and report their status (the launcher cannot waitpid on our children).
+            while children:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                children.discard(pid)
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                _wire.send_json(sock, {"op": "exit", "pid": pid, "status": code})
+            if os.getppid() != launcher_pid:
+                break
+            timeout = 0.0 if pending_imports else 0.05
+            readable, _, _ = select.select([sock], [], [], timeout)
+            if not readable:
+                if pending_imports:
+                    name = pending_imports.pop(0)
+                    try:
+                        __import__(name)
+                    except Exception:  # optional extras: absence only costs warm-up time
+                        pass
+                    if threading.active_count() > 1:  # pragma: no cover - would make fork unsafe
+                        print(f"dtlabs-zygote: importing {name} started a thread", file=sys.stderr)
+                continue
+            msg, fds = _wire.recv_json(sock, maxfds=4)
+            if msg is None:
+                break
+            if msg.get("op") == "fork":
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    _rank_after_fork(msg["rank"], fds, zygote_pid=os.getppid(), launcher_pid=launcher_pid)
+                    os._exit(0)  # not reached
+                children.add(pid)
+                for fd in fds:
+                    os.close(fd)
+                _wire.send_json(sock, {"op": "forked", "rank": msg["rank"], "pid": pid})
+            elif msg.get("op") == "stop":
+                break
+    finally:
+        for pid in children:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+# ----------------------------------------------------------------------------------------------- rank
+def _rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: int) -> None:
+    os.setsid()  # own process group: the launcher kills rank + its children with one killpg
+    _set_name(f"dtlabs-rank{rank}")
+    _die_with_parent(zygote_pid)
+    _watch_parent(zygote_pid)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    job_r, out_w, err_w, result_w = fds
+    os.dup2(job_r, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.dup2(result_w, RESULT_FD)
+    for fd in set(fds) - {0, 1, 2, RESULT_FD}:
+        os.close(fd)
+    sys.stdin = open(0, "rb", buffering=0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115  line-buffered: stream live
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    try:
+        code = run_rank()
+    except BaseException:  # noqa: BLE001 - last resort, the launcher reports it
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_rank() -> int:
+    """Run one job: read it, join the process group, call fn, send back the result or the error."""
+    import faulthandler
+
+    import cloudpickle
+
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # segfaults show a Python stack
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # launcher asks on timeout
+
+    frame = _wire.read_frame(0)
+    if frame is None:
+        return 0  # launcher went away before sending work
+    job = cloudpickle.loads(frame)
+    os.environ.clear()
+    os.environ.update(job["env"])
+    os.chdir(job["cwd"])
+    for p in reversed(job["sys_path"]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    try:
+        fn, args, kwargs = cloudpickle.loads(job["payload"])
+        result = _call_in_group(job, fn, args, kwargs)
+        message = ("ok", result)
+        try:
+            data = cloudpickle.dumps(message)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(f"rank {job['rank']}: the return value could not be pickled: {exc}") from exc
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+        data = cloudpickle.dumps(("error", _describe_exception(exc)))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _wire.write_frame(RESULT_FD, data)
+    # Stay alive (and keep our gloo/NCCL connections open) until the launcher ends the launch, so a rank
+    # that returned early cannot turn a peer's missed collective into a misleading "connection closed".
+    _wire.read_frame(0)
+    return 0
+
+
+def _call_in_group(job, fn, args, kwargs):
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if job["debug"]:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()
+    device_id = None
+    if job["backend"] == "nccl":
+        local = job["rank"] % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        device_id = torch.device("cuda", local)
+    store = dist.TCPStore(
+        job["master_addr"], job["master_port"], is_master=False, timeout=timedelta(seconds=job["store_timeout"])
+    )
+    init = dict(
+        backend=job["backend"],
+        store=store,
+        rank=job["rank"],
+        world_size=job["world_size"],
+        timeout=timedelta(seconds=job["pg_timeout"]),
+    )
+    if device_id is not None:
+        init["device_id"] = device_id
+    dist.init_process_group(**init)
+    result = fn(*args, **kwargs)
+    return _to_cpu(result)
+
+
+def _to_cpu(obj):
+    """CUDA tensors come back on the CPU, so unpickling them never initialises CUDA in the notebook."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x, obj)
+
+
+def _describe_exception(exc: BaseException) -> dict:
+    import traceback
+
+    import cloudpickle
+
+    tb = traceback.TracebackException.from_exception(exc)
+    frames = [(f.filename, f.lineno, f.name, f.line) for f in tb.stack]
+    try:
+        pickled = cloudpickle.dumps(exc)
+        cloudpickle.loads(pickled)
+    except Exception:  # noqa: BLE001 - not every exception survives a round trip
+        pickled = None
+    return {
+        "type": type(exc).__name__,
+        "module": type(exc).__module__,
+        "message": str(exc),
+        "frames": frames,
+        "formatted": "".join(tb.format()),
+        "time": time.time(),
+        "pickled": pickled,
+    }
+
+
+if __name__ == "__main__":
+    zygote_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,586 @@
+"""Run a function on N local ranks of a real ``torch.distributed`` process group, from a notebook cell.
+
+    results = launch(fn, world_size=2, backend="auto", timeout=120, args=(), kwargs={})
+
+What it promises, and how:
+- Notebook-defined functions work: ``fn`` and its arguments travel by value with cloudpickle.
+- Fast and fork-safe: ranks are forked from a warm *zygote* (``_worker.py``) that imported torch but never
+  CUDA, never runs student code and holds no threads; the notebook process itself is never forked.
+- No port races: this process hosts the rendezvous ``TCPStore`` on port 0 and hands the bound port to the
+  ranks, so any number of notebooks on one machine launch at once.
+- torchrun's environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+  ``MASTER_ADDR``, ``MASTER_PORT`` (and ``TORCHELASTIC_USE_AGENT_STORE`` so ``env://`` code joins our store).
+- Output streams live into the cell as ``[rank k] ...``, printed from the calling thread (ipykernel routes
+  output from background threads unreliably).
+- Failures are loud and short: a rank that raises stops the others at once and the call raises
+  ``RankFailedError`` naming the root-cause rank with its remote traceback; a rank stuck past ``timeout``
+  gets its Python stack dumped (faulthandler) into ``RankTimeoutError`` before everything is killed.
+- Nothing survives: each rank is its own process group (killed with ``killpg``), ranks die with the zygote
+  and the zygote dies with this process (``PR_SET_PDEATHSIG`` on Linux, a parent watchdog elsewhere).
+"""
+from __future__ import annotations
+
+import atexit
+import linecache
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from lab_utils import _wire
+from lab_utils.env import MAX_LOCAL_WORLD_SIZE, choose_backend, loopback_ifname, threads_per_rank
+
+__all__ = ["launch", "prewarm", "shutdown", "LaunchError", "RankFailedError", "RankTimeoutError"]
+
+MASTER_ADDR = "127.0.0.1"
+FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the root cause (a signal death) to surface
+STACK_DUMP_WAIT_S = 1.5
+_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class LaunchError(RuntimeError):
+    """A launch did not return results from every rank."""
+
+
+class RankFailedError(LaunchError):
+    """A rank raised, crashed or exited early. ``rank`` is the root cause, not a peer that lost it."""
+
+    def __init__(self, message, rank, exc_type=None, remote_traceback="", exception=None):
+        super().__init__(message)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+        self.exception = exception
+
+
+class RankTimeoutError(LaunchError, TimeoutError):
+    """Ranks were still running at the timeout: almost always a collective that not every rank entered."""
+
+    def __init__(self, message, stuck_ranks, stacks):
+        super().__init__(message)
+        self.stuck_ranks = stuck_ranks
+        self.stacks = stacks
+
+
+# ------------------------------------------------------------------------------------------ the zygote
+class _Zygote:
+    """The warm fork server, one per launching process."""
+
+    def __init__(self):
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("OMP_NUM_THREADS", "1")  # the zygote computes nothing; ranks set their own
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lab_utils._worker", str(child_sock.fileno()), str(os.getpid())],
+            pass_fds=[child_sock.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # a Ctrl-C / kernel interrupt reaches us, not the zygote
+        )
+        child_sock.close()
+        self.sock = parent_sock
+        self.owner_pid = os.getpid()
+        self.ready = threading.Event()
+        self.forked: queue.Queue = queue.Queue()
+        self.events: queue.Queue | None = None  # the running launch's event queue
+        self.pid_owner: dict[int, tuple] = {}
+        self.send_lock = threading.Lock()
+        self.dead = threading.Event()
+        threading.Thread(target=self._read, name="dtlabs-zygote-reader", daemon=True).start()
+
+    def _read(self):
+        try:
+            while True:
+                msg, _ = _wire.recv_json(self.sock)
+                if msg is None:
+                    break
+                op = msg["op"]
+                if op == "ready":
+                    self.ready.set()
+                elif op == "forked":
+                    # an exit notice must reach the launch that forked the pid, never a later one
+                    self.pid_owner[msg["pid"]] = (self.events, msg["rank"])
+                    self.forked.put(msg)
+                elif op == "exit":
+                    events, rank = self.pid_owner.pop(msg["pid"], (None, None))
+                    if events is not None:
+                        events.put(("exit", rank, msg["status"]))
+        except OSError:
+            pass
+        finally:
+            self.dead.set()
+            self.forked.put(None)
+
+    def alive(self) -> bool:
+        return not self.dead.is_set() and self.proc.poll() is None and self.owner_pid == os.getpid()
+
+    def fork(self, rank: int, fds) -> None:
+        with self.send_lock:
+            _wire.send_json(self.sock, {"op": "fork", "rank": rank}, fds=fds)
+
+    def stop(self):
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.sock.close()
+
+
+_zygote: _Zygote | None = None
+_zygote_lock = threading.RLock()
+
+
+def _get_zygote() -> _Zygote:
+    global _zygote
+    with _zygote_lock:
+        if _zygote is None or not _zygote.alive():
+            if _zygote is not None:
+                _zygote.stop()
+            _zygote = _Zygote()
+        return _zygote
+
+
+def prewarm() -> None:
+    """Start the warm fork server now (it imports torch in the background), so the first launch is quick."""
+    _get_zygote()
+
+
+def shutdown() -> None:
+    """Stop the fork server. Called at exit; a later ``launch`` starts a new one."""
+    global _zygote
+    with _zygote_lock:
+        if _zygote is not None:
+            _zygote.stop()
+            _zygote = None
+
+
+atexit.register(shutdown)
+
+
+# ------------------------------------------------------------------------------------------ one launch
+@dataclass
+class _Rank:
+    rank: int
+    job_w: int
+    out_r: int
+    err_r: int
+    result_r: int
+    pid: int | None = None
+    status: str = "running"  # running | ok | error | exited
+    value: object = None
+    error: dict | None = None
+    exit_code: int | None = None
+    stderr_tail: list = field(default_factory=list)
+
+
+def _validate(fn, world_size, timeout):
+    if not callable(fn):
+        raise TypeError(f"launch() needs a function to run on every rank, got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {world_size!r}")
+    if not 1 <= world_size <= MAX_LOCAL_WORLD_SIZE:
+        raise ValueError(
+            f"world_size={world_size} is out of range: use 1..{MAX_LOCAL_WORLD_SIZE} local ranks "
+            "(2-4 is plenty to learn with on a laptop)"
+        )
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+
+
+def _pickle_payload(fn, args, kwargs) -> bytes:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to a student
+        name = getattr(fn, "__name__", repr(fn))
+        raise TypeError(
+            f"cannot send {name}() and its arguments to the ranks: {type(exc).__name__}: {exc}. "
+            "Everything a rank needs travels by pickle: define it in a cell or a module, and create open "
+            "files, locks, sockets or CUDA tensors inside the function instead of capturing them."
+        ) from exc
+
+
+_banner_seen: set = set()
+
+
+def launch(
+    fn,
+    world_size: int = 2,
+    backend: str = "auto",
+    timeout: float | None = 120,
+    args=(),
+    kwargs=None,
+    *,
+    debug: bool = False,
+    quiet: bool = False,
+):
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of an initialised process group.
+
+    Returns the per-rank return values in rank order (tensors come back on the CPU). ``debug=True`` sets
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, which reports mismatched collectives at once instead of hanging.
+    Raises ``RankFailedError`` or ``RankTimeoutError``; bad arguments raise before anything starts.
+    """
+    kwargs = {} if kwargs is None else kwargs
+    _validate(fn, world_size, timeout)
+    choice = choose_backend(world_size, backend)
+    payload = _pickle_payload(fn, args, kwargs)
+    if not quiet and (choice.backend, choice.reason) not in _banner_seen:
+        _banner_seen.add((choice.backend, choice.reason))
+        print(f"[launch] {world_size} ranks, {choice.reason}", flush=True)
+
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    store_timeout = timeout if timeout is not None else 3600
+    store = dist.TCPStore(
+        MASTER_ADDR, 0, world_size=None, is_master=True, timeout=timedelta(seconds=store_timeout),
+        wait_for_workers=False,
+    )
+    with _zygote_lock:
+        zygote = _get_zygote()
+        events: queue.Queue = queue.Queue()
+        zygote.events = events
+        try:
+            return _run(zygote, events, payload, world_size, choice.backend, store.port, timeout, debug)
+        finally:
+            zygote.events = None
+            del store
+
+
+def _rank_env(rank, world_size, port, threads):
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR=MASTER_ADDR,
+        MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
+    ifname = loopback_ifname()
+    if ifname and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+    return env
+
+
+def _run(zygote, events, payload, world_size, backend, port, timeout, debug):
+    import cloudpickle
+
+    threads = threads_per_rank(world_size)
+    ranks: list[_Rank] = []
+    readers: list[threading.Thread] = []
+    start = time.monotonic()
+    try:
+        for r in range(world_size):
+            job_r, job_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            res_r, res_w = os.pipe()
+            rk = _Rank(r, job_w, out_r, err_r, res_r)
+            ranks.append(rk)
+            try:
+                zygote.fork(r, [job_r, out_w, err_w, res_w])
+            finally:
+                for fd in (job_r, out_w, err_w, res_w):
+                    os.close(fd)
+        for _ in range(world_size):
+            msg = zygote.forked.get(timeout=120)
+            if msg is None:
+                raise LaunchError("the launcher's fork server died while starting ranks; run launch() again")
+            ranks[msg["rank"]].pid = msg["pid"]
+        for rk in ranks:
+            job = dict(
+                payload=payload, rank=rk.rank, world_size=world_size, backend=backend, master_addr=MASTER_ADDR,
+                master_port=port, env=_rank_env(rk.rank, world_size, port, threads), cwd=os.getcwd(),
+                sys_path=list(sys.path), threads=threads, debug=debug,
+                store_timeout=timeout if timeout is not None else 3600,
+                # the process group's own timeout fires after ours, so the student sees our stack dump
+                pg_timeout=(timeout + 60) if timeout is not None else 1800,
+            )
+            data = cloudpickle.dumps(job)
+            t = threading.Thread(target=_write_job, args=(rk.job_w, data), daemon=True)
+            t.start()
+            for fd, stream in ((rk.out_r, "stdout"), (rk.err_r, "stderr")):
+                readers.append(_start(_read_lines, fd, rk.rank, stream, events))
+            readers.append(_start(_read_result, rk.result_r, rk.rank, events))
+        return _supervise(ranks, events, start, timeout)
+    finally:
+        _kill(ranks)
+        _drain(ranks, events, readers)
+        for rk in ranks:
+            for fd in (rk.job_w, rk.out_r, rk.err_r, rk.result_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _start(target, *args):
+    t = threading.Thread(target=target, args=args, daemon=True)
+    t.start()
+    return t
+
+
+def _write_job(fd, data):
+    try:
+        _wire.write_frame(fd, data)
+    except OSError:
+        pass  # the rank died before reading its job; its exit status tells the story
+
+
+def _read_lines(fd, rank, stream, events):
+    buf = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            events.put(("line", rank, stream, line.decode(errors="replace")))
+    if buf:
+        events.put(("line", rank, stream, buf.decode(errors="replace")))
+    events.put(("eof", rank, stream, None))
+
+
+def _read_result(fd, rank, events):
+    try:
+        data = _wire.read_frame(fd)
+    except OSError:
+        data = None
+    events.put(("result", rank, data))
+
+
+def _supervise(ranks, events, start, timeout):
+    """Print output as it arrives and decide when the launch is over. Runs on the calling thread."""
+    import cloudpickle
+
+    deadline = None if timeout is None else start + timeout
+    first_failure = None
+    while True:
+        try:
+            ev = events.get(timeout=0.05)
+        except queue.Empty:
+            ev = None
+        while ev is not None:
+            _handle(ev, ranks, cloudpickle)
+            try:
+                ev = events.get_nowait()
+            except queue.Empty:
+                ev = None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if all(rk.status == "ok" for rk in ranks):
+            return [rk.value for rk in ranks]
+        failed = [rk for rk in ranks if rk.status in ("error", "exited")]
+        now = time.monotonic()
+        if failed:
+            first_failure = first_failure or now
+            settled = all(rk.status != "running" for rk in ranks)
+            if settled or now - first_failure > FAILURE_GRACE_S:
+                raise _failure_error(ranks)
+        if deadline is not None and now > deadline:
+            raise _timeout_error(ranks, events, timeout, cloudpickle)
+
+
+def _handle(ev, ranks, cloudpickle):
+    kind, rank = ev[0], ev[1]
+    rk = ranks[rank]
+    if kind == "line":
+        _, _, stream, text = ev
+        if stream == "stderr":
+            rk.stderr_tail = (rk.stderr_tail + [text])[-40:]
+        print(f"[rank {rank}] {text}", file=sys.stderr if stream == "stderr" else sys.stdout)
+    elif kind == "result":
+        data = ev[2]
+        if data is None:
+            if rk.status == "running":
+                rk.status = "exited"  # no result: wait for the exit status to say why
+            return
+        status, value = cloudpickle.loads(data)
+        if status == "ok":
+            rk.status, rk.value = "ok", value
+        else:
+            rk.status, rk.error = "error", value
+    elif kind == "exit":
+        rk.exit_code = ev[2]
+        if rk.status == "running":
+            rk.status = "exited"
+
+
+def _signal_name(code):
+    try:
+        return signal.Signals(-code).name
+    except (ValueError, TypeError):
+        return f"signal {-code}"
+
+
+def _failure_error(ranks):
+    crashed = [rk for rk in ranks if rk.status == "exited"]
+    by_signal = [rk for rk in crashed if rk.exit_code is not None and rk.exit_code < 0]
+    errors = sorted((rk for rk in ranks if rk.status == "error"), key=lambda rk: rk.error["time"])
+    others = lambda root: ", ".join(  # noqa: E731
+        f"rank {rk.rank} {'returned' if rk.status == 'ok' else 'stopped'}" for rk in ranks if rk is not root
+    )
+    if by_signal or (crashed and not errors):
+        root = (by_signal or crashed)[0]
+        how = (
+            f"was killed by {_signal_name(root.exit_code)}"
+            if root.exit_code is not None and root.exit_code < 0
+            else f"exited with code {root.exit_code} before returning a result"
+        )
+        tail = "\n".join(root.stderr_tail[-20:])
+        msg = f"rank {root.rank} {how} ({others(root)})."
+        if tail:
+            msg += f"\nLast stderr of rank {root.rank}:\n{tail}"
+        return RankFailedError(msg, rank=root.rank, remote_traceback=tail)
+    root = errors[0]
+    err = root.error
+    tb = _format_remote_traceback(err)
+    exc = None
+    if err.get("pickled"):
+        import cloudpickle
+
+        try:
+            exc = cloudpickle.loads(err["pickled"])
+        except Exception:  # noqa: BLE001
+            exc = None
+    msg = (
+        f"rank {root.rank} raised {err['type']}: {err['message']} ({others(root)}).\n\n"
+        f"Remote traceback of rank {root.rank}:\n{tb}"
+    )
+    return RankFailedError(msg, rank=root.rank, exc_type=err["type"], remote_traceback=tb, exception=exc)
+
+
+def _cell_name(filename):
+    """'Cell In[5]' for code typed into a notebook cell, as IPython itself names it."""
+    try:
+        ip = get_ipython()  # type: ignore[name-defined]  # noqa: F821
+        count = ip.compile._filename_map.get(filename)
+        if count is not None:
+            return f"Cell In[{count}]"
+    except Exception:  # noqa: BLE001 - outside IPython, or an IPython without the map
+        pass
+    return f'File "{filename}"'
+
+
+def _format_remote_traceback(err) -> str:
+    """The rank's traceback, minus launcher frames, with notebook source lines filled in from this kernel."""
+    ours = os.path.dirname(os.path.abspath(__file__))
+    lines = ["Traceback (most recent call last):"]
+    for filename, lineno, name, line in err["frames"]:
+        if os.path.dirname(os.path.abspath(filename)) == ours:
+            continue
+        if not line:
+            line = linecache.getline(filename, lineno).strip()
+        lines.append(f"  {_cell_name(filename)}, line {lineno}, in {name}")
+        if line:
+            lines.append(f"    {line}")
+    lines.append(f"{err['type']}: {err['message']}")
+    return "\n".join(lines)
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def _where_waiting(stack_lines):
+    """From a faulthandler dump of the main thread: which torch.distributed call, called from where."""
+    frames = []
+    in_main = False
+    for line in stack_lines:
+        if line.startswith("Current thread") or line.startswith("Thread"):
+            in_main = line.startswith("Current thread")
+            continue
+        m = _FRAME.search(line)
+        if m and in_main:
+            frames.append(m.groupdict())
+    # faulthandler lists the innermost frame first
+    collective = next((f["func"] for f in frames if "torch/distributed" in f["file"]), None)
+    caller = next(
+        (f for f in frames if "site-packages" not in f["file"] and "/lab_utils/" not in f["file"]
+         and "torch/" not in f["file"]),
+        None,
+    )
+    where = f"{_cell_name(caller['file'])}, line {caller['line']}, in {caller['func']}" if caller else "?"
+    if caller:
+        src = linecache.getline(caller["file"], int(caller["line"])).strip()
+        where += f": {src}" if src else ""
+    return collective, where
+
+
+def _timeout_error(ranks, events, timeout, cloudpickle):
+    stuck = [rk for rk in ranks if rk.status == "running"]
+    dumps = {rk.rank: [] for rk in stuck}
+    for rk in stuck:
+        try:
+            os.kill(rk.pid, signal.SIGUSR1)
+        except (ProcessLookupError, TypeError):
+            pass
+    until = time.monotonic() + STACK_DUMP_WAIT_S
+    while time.monotonic() < until:
+        try:
+            ev = events.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if ev[0] == "line" and ev[2] == "stderr" and ev[1] in dumps:
+            dumps[ev[1]].append(ev[3])  # captured for the error, not streamed twice
+        else:
+            _handle(ev, ranks, cloudpickle)
+    finished = [rk.rank for rk in ranks if rk.status == "ok"]
+    parts = []
+    for rk in stuck:
+        collective, where = _where_waiting(dumps[rk.rank])
+        what = f"waiting in {collective}" if collective else "still running"
+        parts.append(f"rank {rk.rank} is {what} at {where}")
+    msg = (
+        f"{len(stuck)} of {len(ranks)} ranks did not finish within {timeout} s"
+        + (f" (rank(s) {finished} had already returned)" if finished else "")
+        + ":\n  " + "\n  ".join(parts)
+        + "\nA rank that waits in a collective that another rank never calls waits forever: check that every "
+        "rank runs the same collectives in the same order (launch(..., debug=True) reports mismatches at once)."
+    )
+    stacks = {r: "\n".join(lines) for r, lines in dumps.items()}
+    msg += "".join(f"\n\nStack of rank {r}:\n{s}" for r, s in stacks.items() if s)
+    return RankTimeoutError(msg, stuck_ranks=[rk.rank for rk in stuck], stacks=stacks)
+
+
+def _kill(ranks):
+    for rk in ranks:
+        if rk.pid is None:
+            continue
+        try:
+            os.killpg(rk.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(rk.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _drain(ranks, events, readers, wait_s=2.0):
+    """Print what the ranks wrote before they were stopped, then forget the launch."""
+    until = time.monotonic() + wait_s
+    for t in readers:
+        t.join(timeout=max(0.0, until - time.monotonic()))
+    import cloudpickle
+
+    while True:
+        try:
+            ev = events.get_nowait()
+        except queue.Empty:
+            break
+        if ev[0] == "line":
+            _handle(ev, ranks, cloudpickle)
+    sys.stdout.flush()
+    sys.stderr.flush()
