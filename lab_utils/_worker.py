@@ -10,7 +10,8 @@ Protocol (one Unix socket to the launcher, JSON frames, see ``_wire``):
   launcher -> zygote  {"op": "fork", "rank": k}  + fds [job_r, out_w, err_w, result_w]
   zygote -> launcher  {"op": "forked", "rank": k, "pid": p}
   zygote -> launcher  {"op": "exit", "pid": p, "status": s}   (waitpid status, signal as -signum)
-  zygote -> launcher  {"op": "ready", "modules": [...]}        (after each warm-up import)
+  zygote -> launcher  {"op": "ready", "modules": [...]}        (torch imported: forks can start)
+  zygote -> launcher  {"op": "warm"}                           (every WARM_IMPORTS module imported)
 The rank reads one cloudpickled job frame on stdin (fd 0) and writes one result frame on fd 3.
 """
 from __future__ import annotations
@@ -90,7 +91,9 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     for name in CORE_IMPORTS:
         __import__(name)
     _wire.send_json(sock, {"op": "ready", "modules": CORE_IMPORTS})
-    pending_imports = list(WARM_IMPORTS)
+    pending_imports = list(WARM_IMPORTS) if os.environ.get("DTLABS_WARM_IMPORTS", "1") != "0" else []
+    if not pending_imports:
+        _wire.send_json(sock, {"op": "warm"})
     children: set[int] = set()
     try:
         while True:
@@ -118,6 +121,8 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
                         pass
                     if threading.active_count() > 1:  # pragma: no cover - would make fork unsafe
                         print(f"dtlabs-zygote: importing {name} started a thread", file=sys.stderr)
+                    if not pending_imports:
+                        _wire.send_json(sock, {"op": "warm"})
                 continue
             msg, fds = _wire.recv_json(sock, maxfds=4)
             if msg is None:

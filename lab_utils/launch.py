@@ -40,6 +40,7 @@ __all__ = ["launch", "prewarm", "shutdown", "LaunchError", "RankFailedError", "R
 
 MASTER_ADDR = "127.0.0.1"
 FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the root cause (a signal death) to surface
+EXIT_STATUS_WAIT_S = 3.0  # ... and at most this long for a dead rank's exit status from the zygote
 STACK_DUMP_WAIT_S = 1.5
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,6 +90,7 @@ class _Zygote:
         self.sock = parent_sock
         self.owner_pid = os.getpid()
         self.ready = threading.Event()
+        self.warm = threading.Event()
         self.forked: queue.Queue = queue.Queue()
         self.events: queue.Queue | None = None  # the running launch's event queue
         self.pid_owner: dict[int, tuple] = {}
@@ -105,6 +107,8 @@ class _Zygote:
                 op = msg["op"]
                 if op == "ready":
                     self.ready.set()
+                elif op == "warm":
+                    self.warm.set()
                 elif op == "forked":
                     # an exit notice must reach the launch that forked the pid, never a later one
                     self.pid_owner[msg["pid"]] = (self.events, msg["rank"])
@@ -149,9 +153,16 @@ def _get_zygote() -> _Zygote:
         return _zygote
 
 
-def prewarm() -> None:
-    """Start the warm fork server now (it imports torch in the background), so the first launch is quick."""
-    _get_zygote()
+def prewarm(wait: bool = False, timeout: float = 120) -> bool:
+    """Start the warm fork server now; it imports torch and the distributed stack in the background.
+
+    Call it in a notebook's first cell so the first ``launch`` is quick. ``wait=True`` blocks until every
+    warm-up import is done (benchmarks use it). Returns whether the server is fully warm.
+    """
+    zygote = _get_zygote()
+    if wait:
+        zygote.warm.wait(timeout)
+    return zygote.warm.is_set()
 
 
 def shutdown() -> None:
@@ -387,8 +398,11 @@ def _supervise(ranks, events, start, timeout):
         now = time.monotonic()
         if failed:
             first_failure = first_failure or now
-            settled = all(rk.status != "running" for rk in ranks)
-            if settled or now - first_failure > FAILURE_GRACE_S:
+            # A rank that died without a result is the likeliest root cause: wait for its exit status.
+            codes_known = all(rk.exit_code is not None for rk in ranks if rk.status == "exited")
+            settled = all(rk.status != "running" for rk in ranks) and codes_known
+            waited = now - first_failure
+            if settled or (waited > FAILURE_GRACE_S and codes_known) or waited > EXIT_STATUS_WAIT_S:
                 raise _failure_error(ranks)
         if deadline is not None and now > deadline:
             raise _timeout_error(ranks, events, timeout, cloudpickle)
@@ -433,7 +447,7 @@ def _failure_error(ranks):
     others = lambda root: ", ".join(  # noqa: E731
         f"rank {rk.rank} {'returned' if rk.status == 'ok' else 'stopped'}" for rk in ranks if rk is not root
     )
-    if by_signal or (crashed and not errors):
+    if crashed:  # died without a result (a signal, os._exit): its peers' errors are only symptoms
         root = (by_signal or crashed)[0]
         how = (
             f"was killed by {_signal_name(root.exit_code)}"
@@ -519,6 +533,20 @@ def _where_waiting(stack_lines):
     return collective, where
 
 
+def _main_thread_stack(lines):
+    """The stuck thread's frames, innermost first, without the launcher's own frames."""
+    out, in_main = [], False
+    ours = os.path.dirname(os.path.abspath(__file__))
+    for line in lines:
+        if line.startswith("Current thread") or line.startswith("Thread"):
+            in_main = line.startswith("Current thread")
+            continue
+        m = _FRAME.search(line)
+        if in_main and m and not m["file"].startswith(ours) and not m["file"].startswith("<frozen"):
+            out.append(f"  {_cell_name(m['file'])}, line {m['line']} in {m['func']}")
+    return "\n".join(out) or "\n".join(lines)
+
+
 def _timeout_error(ranks, events, timeout, cloudpickle):
     stuck = [rk for rk in ranks if rk.status == "running"]
     dumps = {rk.rank: [] for rk in stuck}
@@ -550,8 +578,8 @@ def _timeout_error(ranks, events, timeout, cloudpickle):
         + "\nA rank that waits in a collective that another rank never calls waits forever: check that every "
         "rank runs the same collectives in the same order (launch(..., debug=True) reports mismatches at once)."
     )
-    stacks = {r: "\n".join(lines) for r, lines in dumps.items()}
-    msg += "".join(f"\n\nStack of rank {r}:\n{s}" for r, s in stacks.items() if s)
+    stacks = {r: _main_thread_stack(lines) for r, lines in dumps.items()}
+    msg += "".join(f"\n\nStack of rank {r} (innermost call first):\n{s}" for r, s in stacks.items() if s)
     return RankTimeoutError(msg, stuck_ranks=[rk.rank for rk in stuck], stacks=stacks)
 
 

@@ -1,0 +1,193 @@
+"""lab_utils.launch: results, environment, output streaming, failures and bad input (CPU, gloo)."""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+import launch_helpers as h
+from lab_utils import RankFailedError, RankTimeoutError, launch
+
+
+@pytest.fixture(autouse=True)
+def no_rank_left_behind():
+    """Every test in this module must leave no rank process of this test process alive."""
+    yield
+    me = psutil.Process()
+    leftover = [p.pid for p in me.children(recursive=True) if p.name().startswith("dtlabs-rank")]
+    assert not h.wait_gone(leftover, timeout=5), f"rank processes survived the launch: {leftover}"
+
+
+def test_results_come_back_in_rank_order():
+    out = launch(h.all_reduce_rank_plus_one, world_size=2, quiet=True)
+    assert [t.tolist() for t in out] == [[3.0] * 4, [3.0] * 4]
+    assert launch(h.returns_own_rank, world_size=4, quiet=True) == [0, 1, 2, 3]
+
+
+def test_args_and_kwargs_reach_every_rank():
+    out = launch(h.all_reduce_rank_plus_one, world_size=3, args=(2,), quiet=True)
+    assert [t.tolist() for t in out] == [[6.0, 6.0]] * 3
+    out = launch(h.all_reduce_rank_plus_one, world_size=1, kwargs={"n": 1}, quiet=True)
+    assert out[0].tolist() == [1.0]
+
+
+def test_ranks_see_torchrun_environment_and_split_the_cores():
+    envs = launch(h.report_env, world_size=2, quiet=True)
+    ports = {e["MASTER_PORT"] for e in envs}
+    assert len(ports) == 1 and ports != {None}
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank) == str(env["dist_rank"])
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2" and env["dist_world"] == 2
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["backend"] == "gloo"
+        cores = len(os.sched_getaffinity(0))
+        assert env["threads"] == max(1, cores // 2) == int(env["OMP_NUM_THREADS"])
+    assert envs[0]["pid"] != envs[1]["pid"] != os.getpid()
+
+
+def test_each_launch_gets_fresh_processes():
+    a = launch(h.report_env, world_size=2, quiet=True)
+    b = launch(h.report_env, world_size=2, quiet=True)
+    assert {e["pid"] for e in a}.isdisjoint({e["pid"] for e in b})
+
+
+def test_output_is_prefixed_with_the_rank(capsys):
+    launch(h.say_hello, world_size=2, quiet=True)
+    out, err = capsys.readouterr()
+    assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
+    assert "[rank 1] warning on stderr from rank 1" in err
+
+
+def test_backend_choice_is_announced_once(capsys):
+    L = importlib.import_module("lab_utils.launch")
+
+    L._banner_seen.clear()
+    launch(h.returns_own_rank, world_size=2)
+    launch(h.returns_own_rank, world_size=2)
+    out, _ = capsys.readouterr()
+    assert out.count("[launch] 2 ranks, gloo on CPU") == 1
+
+
+def test_launcher_never_initialises_cuda_here():
+    launch(h.returns_own_rank, world_size=2, quiet=True)
+    assert not torch.cuda.is_initialized()
+
+
+def test_a_rank_that_raises_stops_the_others_and_names_itself():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        launch(h.rank1_raises, world_size=2, timeout=60, quiet=True)
+    assert time.monotonic() - t0 < 10
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert isinstance(err.exception, ValueError)
+    msg = str(err)
+    assert msg.startswith("rank 1 raised ValueError: rank one is unhappy")
+    assert 'raise ValueError("rank one is unhappy")' in msg  # the remote line, source filled in
+    assert "launch_helpers.py" in msg and "_worker.py" not in msg  # launcher frames hidden
+
+
+def test_a_rank_killed_by_a_signal_is_the_root_cause_not_its_peer():
+    with pytest.raises(RankFailedError) as info:
+        launch(h.rank1_killed, world_size=2, timeout=60, quiet=True)
+    assert info.value.rank == 1
+    assert "rank 1 was killed by SIGKILL" in str(info.value)
+
+
+def test_a_deadlocked_rank_is_named_with_its_stack():
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeoutError) as info:
+        launch(h.rank1_skips_all_reduce, world_size=2, timeout=10, quiet=True)
+    elapsed = time.monotonic() - t0
+    assert 10 <= elapsed < 20, elapsed
+    err = info.value
+    assert err.stuck_ranks == [0]
+    msg = str(err)
+    assert "1 of 2 ranks did not finish within 10 s (rank(s) [1] had already returned)" in msg
+    assert "rank 0 is waiting in all_reduce at" in msg
+    assert "dist.all_reduce(t)  # rank 1 never joins" in msg  # the student's line, from its stack
+    assert "Stack of rank 0" in msg and "launch_helpers.py" in err.stacks[0]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"world_size": 0}, ValueError, "world_size=0 is out of range"),
+        ({"world_size": 10_000}, ValueError, "world_size=10000 is out of range"),
+        ({"world_size": "2"}, TypeError, "world_size must be an int"),
+        ({"world_size": 2, "backend": "mpi"}, ValueError, "backend='mpi' is not one of"),
+        ({"world_size": 2, "timeout": 0}, ValueError, "timeout must be a positive number"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_starts(kwargs, error, words):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    with pytest.raises(error, match=words):
+        launch(h.returns_own_rank, quiet=True, **kwargs)
+    assert time.monotonic() - t0 < 1
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has GPUs for NCCL")
+def test_nccl_without_gpus_is_a_clear_error():
+    with pytest.raises(ValueError, match="backend='nccl' needs one CUDA GPU per rank"):
+        launch(h.returns_own_rank, world_size=2, backend="nccl", quiet=True)
+
+
+def test_an_unpicklable_function_is_a_clear_error():
+    lock = threading.Lock()
+
+    def uses_a_lock():
+        with lock:
+            return 1
+
+    with pytest.raises(TypeError, match=r"cannot send uses_a_lock\(\) and its arguments to the ranks"):
+        launch(uses_a_lock, world_size=2, quiet=True)
+
+
+def test_not_a_function_is_a_clear_error():
+    with pytest.raises(TypeError, match="needs a function"):
+        launch(42, world_size=2)
+
+
+def test_debug_mode_turns_on_collective_checks():
+    def level():
+        import torch.distributed as dist
+
+        return str(dist.get_debug_level())
+
+    assert launch(level, world_size=2, debug=True, quiet=True) == ["DebugLevel.DETAIL"] * 2
+
+
+# ---------------------------------------------------------------------------------------------- GPU path
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs for a 2-rank NCCL group")
+def test_auto_picks_nccl_with_one_gpu_per_rank():
+    def where():
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(2, device="cuda") * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        return dist.get_backend(), torch.cuda.current_device(), t
+
+    out = launch(where, world_size=2, quiet=True)
+    assert [o[0] for o in out] == ["nccl", "nccl"]
+    assert [o[1] for o in out] == [0, 1]
+    assert all(o[2].device.type == "cpu" and o[2].tolist() == [3.0, 3.0] for o in out)
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly 1 CUDA GPU")
+def test_auto_falls_back_to_gloo_with_too_few_gpus(capsys):
+    L = importlib.import_module("lab_utils.launch")
+
+    L._banner_seen.clear()
+    assert launch(h.report_env, world_size=2)[0]["backend"] == "gloo"
+    assert "too few for NCCL" in capsys.readouterr().out
