@@ -1,0 +1,51 @@
+"""The two ways to install (pip via the Makefile, conda via environment.yml) name the same dependencies."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
+
+
+def _split(spec):
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", spec)
+    return m.group(1).lower(), m.group(2).replace(" ", "")
+
+
+def test_environment_yml_matches_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    want = {CONDA_NAMES.get(n, n): v for n, v in map(_split, project["dependencies"])}
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    conda = {}
+    for line in lines:
+        m = re.match(r"^  - ([A-Za-z0-9_.\-]+[^\s#]*)\s*$", line)
+        if m and m.group(1) not in ("pip",) and not m.group(1).startswith("python"):
+            name, version = _split(m.group(1))
+            conda[name] = version
+    assert conda == want, f"environment.yml and pyproject.toml disagree: {set(conda.items()) ^ set(want.items())}"
+    assert any(line.strip() == "- -e .[test]" for line in lines), "environment.yml must install the package itself"
+
+
+def test_torch_is_a_range_and_the_makefile_takes_its_spec_from_a_variable():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch = [d for d in deps if _split(d)[0] == "torch"]
+    assert torch and ">=" in torch[0] and "==" not in torch[0]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "TORCH_SPEC ?=" in makefile and '"$(TORCH_SPEC)"' in makefile
+    assert "TORCH_SPEC" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_dtlabs_console_script_is_installed():
+    exe = Path(sys.executable).with_name("dtlabs")
+    assert exe.exists(), "dtlabs is declared in [project.scripts]; `make install` puts it next to python"
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "doctor" in out.stdout
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert "make test" in (ROOT / "README.md").read_text()
