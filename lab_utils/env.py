@@ -22,6 +22,12 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def dist_module():
+    import torch.distributed as dist
+
+    return dist
+
+
 def nccl_available() -> bool:
     import torch.distributed as dist
 
@@ -97,7 +103,8 @@ def doctor(out=print) -> int:
     out(f"python      {platform.python_version()} ({platform.system()} {platform.machine()})")
     try:
         import torch
-        import torch.distributed as dist
+
+        dist = dist_module()
     except ImportError as exc:
         out(f"torch       MISSING ({exc})")
         out("fix: run `make install` (or pip install 'torch>=2.4') in this environment")

@@ -4,8 +4,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
@@ -19,15 +24,12 @@ def _split(spec):
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     want = {CONDA_NAMES.get(n, n): v for n, v in map(_split, project["dependencies"])}
-    lines = (ROOT / "environment.yml").read_text().splitlines()
-    conda = {}
-    for line in lines:
-        m = re.match(r"^  - ([A-Za-z0-9_.\-]+[^\s#]*)\s*$", line)
-        if m and m.group(1) not in ("pip",) and not m.group(1).startswith("python"):
-            name, version = _split(m.group(1))
-            conda[name] = version
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    specs = [d for d in env["dependencies"] if isinstance(d, str) and _split(d)[0] not in ("pip", "python")]
+    conda = dict(map(_split, specs))
     assert conda == want, f"environment.yml and pyproject.toml disagree: {set(conda.items()) ^ set(want.items())}"
-    assert any(line.strip() == "- -e .[test]" for line in lines), "environment.yml must install the package itself"
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert "-e .[test]" in pip, "environment.yml must install the course package itself"
 
 
 def test_torch_is_a_range_and_the_makefile_takes_its_spec_from_a_variable():

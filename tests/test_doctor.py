@@ -1,0 +1,20 @@
+"""`dtlabs doctor` tells a student what a launch would use, and fails with a fix when it cannot work."""
+from __future__ import annotations
+
+import lab_utils.env as env
+
+
+def test_doctor_reports_the_setup_and_a_working_all_reduce():
+    lines = []
+    assert env.doctor(out=lines.append) == 0, "\n".join(lines)
+    text = "\n".join(lines)
+    for word in ("torch", "gloo", "GPUs", "backend", "all-reduce  ok", "all good"):
+        assert word in text
+
+
+def test_doctor_fails_with_a_fix_hint_when_no_backend_works(monkeypatch):
+    monkeypatch.setattr(env.dist_module(), "is_gloo_available", lambda: False)
+    lines = []
+    assert env.doctor(out=lines.append) == 1
+    text = "\n".join(lines)
+    assert "PROBLEM     this torch build has no gloo backend" in text and "fix:" in text
