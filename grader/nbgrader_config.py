@@ -1,0 +1,58 @@
+"""nbgrader configuration for the course: ``solutions/`` is the source, ``labs/`` the release.
+
+nbgrader 0.9 reads ``nbgrader_config.py`` only from the working directory or the Jupyter config path
+(``--config`` is ignored), so ``dtlabs`` (``lab_utils/grading.py``) runs nbgrader with
+``JUPYTER_CONFIG_PATH=<repo>/grader`` and every command works from the repo root. To run plain ``nbgrader``
+yourself: ``JUPYTER_CONFIG_PATH=grader nbgrader <command> ...`` from the repo root.
+
+Layout (relative to the course root, the repository by default):
+  solutions/NN_topic/NN_topic.ipynb     source (solutions + hidden tests)
+  labs/NN_topic/NN_topic.ipynb          release (committed)
+  grader/work/                          git-ignored instructor state:
+    submitted/<student>/NN_topic/       collected submissions (nbgrader's layout)
+    autograded/ feedback/ gradebook.db  nbgrader's outputs
+``DTLABS_COURSE_ROOT`` points the same layout at another folder (the tests grade in a temporary course).
+"""
+import os
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.environ.get("DTLABS_COURSE_ROOT") or _REPO)
+WORK = os.path.join("grader", "work")
+
+c = get_config()  # noqa: F821 - provided by traitlets when it executes this file
+
+c.CourseDirectory.root = ROOT
+c.CourseDirectory.course_id = "dtlabs"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "labs"
+c.CourseDirectory.submitted_directory = os.path.join(WORK, "submitted")
+c.CourseDirectory.autograded_directory = os.path.join(WORK, "autograded")
+c.CourseDirectory.feedback_directory = os.path.join(WORK, "feedback")
+c.CourseDirectory.solution_directory = os.path.join(WORK, "solution")
+c.CourseDirectory.source_with_tests_directory = os.path.join(WORK, "source_with_tests")
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(ROOT, WORK, "gradebook.db")
+
+# Per-cell execution limit for autograde and validate. nbgrader 0.9 reads Execute.timeout and ignores
+# ExecutePreprocessor.timeout (nbgrader#1463). Lab cells call launch(..., timeout<=60), so a hanging rank
+# is reported by the launcher well before this fires; this catches a hang in the kernel itself.
+c.Execute.timeout = int(os.environ.get("DTLABS_CELL_TIMEOUT", "120"))
+c.Execute.interrupt_on_timeout = True
+c.Execute.execute_retries = 0
+
+# A submission for a student not yet in the gradebook is graded anyway (the student is created).
+c.Autograde.create_student = True
+
+# Feedback must not show hidden tests: nbgrader's feedback HTML renders the autograded cells, hidden regions
+# included. HideHiddenTests (lab_utils/grading.py) strips them and redacts them from error output; being in
+# the config, it applies to `nbgrader generate_feedback` and the formgrader alike.
+try:
+    from lab_utils.grading import HideHiddenTests
+except ImportError:  # run outside the course venv: find the package beside this folder
+    import sys
+
+    sys.path.insert(0, _REPO)
+    from lab_utils.grading import HideHiddenTests
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import GetGrades
+
+c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]

@@ -1,0 +1,113 @@
+"""``dtlabs``: the course's command line (thin wrappers; nbgrader does the grading).
+
+    dtlabs doctor                     is this machine ready? (torch, backends, GPUs, a 2-rank all-reduce)
+    dtlabs release [LAB ...]          regenerate labs/ from solutions/ (nbgrader generate_assignment)
+    dtlabs validate NOTEBOOK          student's pre-submission check; exit code 0 only if every test passes
+    dtlabs grade [--submissions DIR]  instructor batch: autograde -> grades CSV -> feedback (no hidden tests)
+    dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+
+def _doctor(args) -> int:
+    from lab_utils.env import doctor
+
+    return int(doctor())
+
+
+def _release(args) -> int:
+    from lab_utils import grading
+
+    try:
+        written = grading.release(args.labs or None, dest=args.dest)
+    except grading.GradingError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {os.path.relpath(path)}")
+    if not written:
+        print("no labs found under solutions/ (solutions/NN_topic/NN_topic.ipynb)")
+    return 0
+
+
+def _validate(args) -> int:
+    from lab_utils import grading
+
+    return grading.validate(args.notebook, cell_timeout=args.timeout)
+
+
+def _grade(args) -> int:
+    from lab_utils import grading
+
+    return grading.grade(
+        args.labs or None,
+        submissions_dir=args.submissions,
+        cell_timeout=args.timeout,
+        lab_timeout=args.lab_timeout,
+        force=args.force,
+        feedback=not args.no_feedback,
+        csv_path=args.csv,
+        course_root=args.course_root,
+    )
+
+
+def _bench(args) -> int:
+    from lab_utils.grading import REPO_ROOT
+
+    script = REPO_ROOT / "benchmarks" / "bench_launch.py"
+    if not script.is_file():
+        print(f"no benchmark at {script}", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(script), *args.bench_args])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dtlabs", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("doctor", help="check torch, backends, GPUs and a 2-rank all-reduce")
+    s.set_defaults(func=_doctor)
+
+    s = sub.add_parser("release", help="regenerate labs/ from solutions/ with nbgrader (commit the result)")
+    s.add_argument("labs", nargs="*", metavar="LAB", help="assignment ids such as 01_ddp_setup (default: all)")
+    s.add_argument("--dest", help="write the release here instead of labs/ (no gradebook is touched)")
+    s.set_defaults(func=_release)
+
+    s = sub.add_parser("validate", help="run a notebook's tests before submitting; non-zero exit if any fails")
+    s.add_argument("notebook", metavar="NOTEBOOK")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.set_defaults(func=_validate)
+
+    s = sub.add_parser("grade", help="autograde every submission, export grades.csv, write feedback")
+    s.add_argument("labs", nargs="*", metavar="LAB", help="assignment ids to grade (default: all submitted)")
+    s.add_argument("--submissions", metavar="DIR",
+                   help="submissions in nbgrader's layout DIR/<student>/<NN_topic>/<NN_topic>.ipynb "
+                        "(copied into grader/work/submitted; default: grader/work/submitted as it is)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--lab-timeout", type=float, default=None,
+                   help="wall-clock limit for one lab's whole autograde run (default: none)")
+    s.add_argument("--force", action="store_true", help="regrade submissions that were already autograded")
+    s.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    s.add_argument("--csv", metavar="PATH", help="grades CSV (default grader/work/grades.csv)")
+    s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)  # tests grade a scratch course
+    s.set_defaults(func=_grade)
+
+    s = sub.add_parser("bench", help="launcher benchmark: ratios against mp.spawn and notebook_launcher")
+    s.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to benchmarks/bench_launch.py")
+    s.set_defaults(func=_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Shared fixtures: process-leak checks, a tiny synthetic nbgrader course, and lab timings in the summary.
+
+Process leaks are counted only among processes *this test started*: the ``no_leaked_processes`` fixture puts
+a fresh token in the environment, every process started during the test inherits it, and afterwards any
+survivor carrying it (a rank ``dtlabs-rank*``, a ``dtlabs-zygote`` that is not this process's own warm one, a
+torchrun agent or worker, a kernel) fails the test. Other people's notebooks on a shared machine are never
+counted and never signalled.
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lab_utils import grading
+
+REPO = grading.REPO_ROOT
+TEST_TOKEN_VAR = "DTLABS_TEST_TOKEN"  # not grading.TOKEN_VAR: grading sets its own token per nbgrader run
+LAB_TIMINGS: dict = {}  # lab -> {"papermill_s": ..., "autograde_s": ...}, printed at the end of the run
+
+
+# ------------------------------------------------------------------------------------------ processes
+def _describe(p) -> str:
+    try:
+        return f"pid {p.pid} {p.name()!r}: {' '.join(p.cmdline())[:160]}"
+    except psutil.Error:
+        return f"pid {p.pid} (gone)"
+
+
+def is_rank_like(p) -> bool:
+    """A rank, a zygote, a torchrun agent or an elastic worker."""
+    try:
+        name = p.name()
+        if name.startswith("dtlabs-rank") or name == "dtlabs-zygote":
+            return True
+        cmd = " ".join(p.cmdline())
+        if "torchrun" in cmd or "torch.distributed.run" in cmd or "torch.distributed.launch" in cmd:
+            return True
+        return "TORCHELASTIC_RUN_ID" in p.environ()
+    except psutil.Error:
+        return False
+
+
+def leftover_processes(token: str, wait_s: float = 5.0) -> list:
+    """Processes started under ``token`` still alive after ``wait_s``, except this process's own warm zygote."""
+    me = os.getpid()
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for p in grading.processes_with_token(token, var=TEST_TOKEN_VAR):
+            try:
+                if p.ppid() == me and p.name() == "dtlabs-zygote":
+                    continue  # launch() in this process keeps one warm fork server by design
+            except psutil.Error:
+                continue
+            left.append(p)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def assert_no_leftovers(token: str, wait_s: float = 5.0) -> None:
+    """Fail (after killing them) if anything started under ``token`` survives; ranks are named first."""
+    left = leftover_processes(token, wait_s)
+    if left:
+        ranks = [p for p in left if is_rank_like(p)]
+        desc = "\n  ".join(_describe(p) for p in (ranks or left))
+        grading.reap(token, var=TEST_TOKEN_VAR)
+        kind = "rank/zygote/torchrun process(es)" if ranks else "process(es)"
+        raise AssertionError(f"{len(ranks or left)} {kind} survived the test:\n  {desc}")
+
+
+@pytest.fixture
+def process_token(monkeypatch):
+    """A fresh token in this test's environment; every process the test starts inherits it."""
+    token = uuid.uuid4().hex
+    monkeypatch.setenv(TEST_TOKEN_VAR, token)
+    return token
+
+
+@pytest.fixture
+def no_leaked_processes(process_token):
+    """Use in any test that starts ranks, kernels or torchrun: it fails if one of them outlives the test."""
+    yield process_token
+    assert_no_leftovers(process_token)
+
+
+# ------------------------------------------------------------------------------------------ a synthetic course
+SYNTHETIC_LAB = "00_synthetic"
+HIDDEN_SOURCE = "add(-1, 1) == 0 and add(0.5, 0.25) == 0.75"  # must never reach a student
+
+
+def make_synthetic_course(root: Path) -> Path:
+    """A course with one tiny lab (no torch: seconds to grade) shaped like AUTHORING.md asks.
+
+    ``add`` is the solution cell; ``test_add`` (2 points) has a visible and a hidden check (the hidden one's
+    source line is HIDDEN_SOURCE, so tests can look for leaks); ``test_twice`` (1 point) checks ``twice``.
+    The known-wrong ``ignores_sign`` passes the visible check and fails only the hidden one.
+    """
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    def meta(gid, **kw):
+        return {"nbgrader": {"schema_version": 3, "grade_id": gid, **kw}}
+
+    cells = [
+        new_markdown_cell("# Synthetic lab\nAfter this lab you can add two numbers.", id="intro"),
+        new_code_cell(
+            'WORLD_SIZE = 2\nBACKEND = "auto"\nSTEPS = 1\nSEED = 0', id="parameters",
+            metadata={"tags": ["parameters"], **meta("parameters", grade=False, solution=False, locked=True)},
+        ),
+        new_code_cell(
+            "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION\n\n\n"
+            "def twice(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+            id="add-solution", metadata=meta("add", grade=False, solution=True, locked=False),
+        ),
+        new_code_cell(
+            "assert add(1, 2) == 3, 'add(1, 2) should be 3'\n"
+            "### BEGIN HIDDEN TESTS\n"
+            f"assert {HIDDEN_SOURCE}, 'add is wrong for negative or fractional numbers'\n"
+            "### END HIDDEN TESTS",
+            id="test-add", metadata=meta("test_add", grade=True, solution=False, locked=True, points=2),
+        ),
+        new_code_cell(
+            "assert twice(3) == 6, 'twice(3) should be 6'", id="test-twice",
+            metadata=meta("test_twice", grade=True, solution=False, locked=True, points=1),
+        ),
+        new_markdown_cell("## Summary\nYou added numbers. Why does the order not matter?", id="summary"),
+    ]
+    nb = new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+    })
+    d = Path(root) / "solutions" / SYNTHETIC_LAB
+    d.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(d / f"{SYNTHETIC_LAB}.ipynb"))
+    kw = Path(root) / "grader" / "known_wrong" / SYNTHETIC_LAB
+    kw.mkdir(parents=True, exist_ok=True)
+    (kw / "ignores_sign.py").write_text(
+        "# replaces: add\n# loses: test_add\n# mistake: adds absolute values (right only for positive numbers)\n"
+        "def add(a, b):\n    return abs(a) + abs(b)\n\n\ndef twice(x):\n    return 2 * x\n"
+    )
+    return Path(root)
+
+
+@pytest.fixture(scope="session")
+def synthetic_course(tmp_path_factory):
+    """A released synthetic course (gradebook filled); copy it before grading into it."""
+    root = make_synthetic_course(tmp_path_factory.mktemp("synthetic-course"))
+    grading.release([SYNTHETIC_LAB], root=root)
+    return root
+
+
+# ------------------------------------------------------------------------------------------ timings
+def pytest_terminal_summary(terminalreporter):
+    if not LAB_TIMINGS:
+        return
+    terminalreporter.section("lab timings (seconds)")
+    for lab, t in sorted(LAB_TIMINGS.items()):
+        parts = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(t.items()))
+        terminalreporter.write_line(f"{lab}: {parts}")

@@ -1,0 +1,160 @@
+"""`dtlabs grade` and `dtlabs validate` on a tiny synthetic course (seconds per notebook, no torch), so these
+tests never wait for a real lab. What they protect: one broken or hanging submission never stops the batch,
+the CSV lists every student, feedback never shows hidden tests, nothing a submission started survives
+grading, and validation has a real exit code."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB as LAB
+
+from lab_utils import cli, grading
+
+
+def _notebooks(root):
+    rel = nbformat.read(str(root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    return rel, src
+
+
+def _write(folder: Path, student: str, nb) -> None:
+    dest = folder / student / LAB / f"{LAB}.ipynb"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(dest))
+
+
+# A cell that starts a process in its own session (as torchrun does) and records its pid: it outlives the
+# kernel unless grading reaps it.
+ORPHAN = textwrap.dedent("""
+    import subprocess, sys
+    _p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    open({pidfile!r}, "w").write(str(_p.pid))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grade_batch_survives_broken_and_hanging_submissions(synthetic_course, tmp_path, no_leaked_processes, capsys):
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    rel, src = _notebooks(root)
+    inbox = tmp_path / "inbox"
+    pidfile = tmp_path / "orphan.pid"
+    wrong = grading.known_wrong(LAB, root)[0]
+    _write(inbox, "good", grading.fill_solutions(rel, src))
+    _write(inbox, "stub", rel)
+    _write(inbox, "wrong", grading.fill_solutions(rel, src, {wrong.replaces: wrong.source}))
+    # hangs where SIGINT is ignored, so the kernel interrupt does not help: only the per-cell timeout does
+    _write(inbox, "hangs", grading.fill_solutions(rel, src, {
+        "add": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(1)"}))
+    leaky = grading.fill_solutions(rel, src)
+    leaky.cells[2].source = ORPHAN.format(pidfile=str(pidfile)) + "\n" + leaky.cells[2].source
+    _write(inbox, "leaky", leaky)
+    (inbox / "broken" / LAB).mkdir(parents=True)
+    (inbox / "broken" / LAB / f"{LAB}.ipynb").write_text("{ this is not a notebook")
+
+    csv_path = tmp_path / "grades.csv"
+    rc = cli.main(["grade", "--submissions", str(inbox), "--timeout", "5", "--csv", str(csv_path),
+                   "--course-root", str(root)])
+    out = capsys.readouterr().out
+
+    assert rc == 1, f"one submission is unreadable, so grade must say so (exit 1):\n{out}"
+    assert "NOT GRADED: broken" in out, out
+    rows = {r["student_id"]: r for r in grading.read_grades_csv(csv_path)}
+    assert set(rows) == {"good", "stub", "wrong", "hangs", "leaky", "broken"}, rows
+    score = {s: float(r["score"]) for s, r in rows.items()}
+    assert score["good"] == score["leaky"] == float(rows["good"]["max_score"]) == 3.0, score
+    assert score["stub"] == score["hangs"] == score["broken"] == 0.0, score
+    assert score["wrong"] == 1.0, "ignores_sign fails only the hidden part of test_add (2 of 3 points)"
+
+    # the process a submission left in its own session was reaped
+    orphan = int(pidfile.read_text())
+    assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+
+    # feedback exists for every graded student and never shows hidden-test source
+    feedback = root / "grader" / "work" / "feedback"
+    pages = sorted(feedback.glob(f"*/{LAB}/{LAB}.html"))
+    # a kernel that ignores the interrupt is given up on by nbgrader (listed as NOT GRADED, scored 0 above)
+    assert {p.parts[-3] for p in pages} - {"hangs"} == {"good", "stub", "wrong", "leaky"}, out
+    for page in pages:
+        html = page.read_text()
+        assert "BEGIN HIDDEN TESTS" not in html and "add(-1, 1)" not in html, f"hidden test source in {page}"
+        assert "add(1, 2) should be 3" in html  # ... while the visible test is shown
+    wrong_page = (feedback / "wrong" / LAB / f"{LAB}.html").read_text()
+    assert "add is wrong for negative or fractional numbers" in wrong_page, "the hidden check's message is for students"
+    # the autograded notebook (instructor side) still has them: proof the leak was real and is handled
+    assert HIDDEN_SOURCE in (root / "grader/work/autograded/wrong" / LAB / f"{LAB}.ipynb").read_text()
+
+
+def test_feedback_preprocessor_removes_hidden_region_and_redacts_traceback():
+    HideHiddenTests = grading.HideHiddenTests
+    cell = nbformat.v4.new_code_cell(
+        "assert f(1) == 1\n### BEGIN HIDDEN TESTS\nassert f(-1) == 1, 'negatives'\n### END HIDDEN TESTS",
+        metadata={"nbgrader": {"grade": True, "grade_id": "t", "points": 1, "solution": False, "locked": True}},
+    )
+    cell.outputs = [nbformat.v4.new_output(
+        "error", ename="AssertionError", evalue="negatives",
+        traceback=["----> 3 assert f(-1) == 1, 'negatives'", "AssertionError: negatives"])]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nb, _ = HideHiddenTests().preprocess(nb, {})
+    text = nbformat.writes(nb)
+    assert "f(-1)" not in text and "BEGIN HIDDEN" not in text
+    assert "assert f(1) == 1" in nb.cells[0].source and "hidden tests: not shown" in nb.cells[0].source
+    assert nb.cells[0].outputs[0].traceback == ["AssertionError: negatives"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_validate_exit_code_fails_on_stub_and_passes_on_solution(synthetic_course, tmp_path, no_leaked_processes):
+    rel, src = _notebooks(synthetic_course)
+    stub, solved, tampered = tmp_path / "stub.ipynb", tmp_path / "solved.ipynb", tmp_path / "tampered.ipynb"
+    nbformat.write(rel, str(stub))
+    nbformat.write(grading.fill_solutions(rel, src), str(solved))
+    t = grading.fill_solutions(rel, src)
+    t.cells[3].source = "pass  # the student deleted the test"
+    nbformat.write(t, str(tampered))
+    exe = [sys.executable, "-m", "lab_utils.cli", "validate", "--timeout", "30"]
+    procs = {p.stem: subprocess.Popen([*exe, str(p)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=tmp_path) for p in (stub, solved, tampered)}  # concurrently: kernels start slowly
+    runs = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=400)
+        runs[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert runs["stub"].returncode == 1, runs["stub"].stdout + runs["stub"].stderr
+    assert "VALIDATION FAILED" in runs["stub"].stdout
+    assert runs["solved"].returncode == 0, runs["solved"].stdout + runs["solved"].stderr
+    assert "Success" in runs["solved"].stdout
+    assert runs["tampered"].returncode == 1, "a changed locked test cell must not validate"
+
+
+def test_validate_missing_notebook_is_an_error(tmp_path, capsys):
+    assert cli.main(["validate", str(tmp_path / "nope.ipynb")]) == 2
+
+
+def test_cli_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    help_text = capsys.readouterr().out
+    for command in ("doctor", "release", "validate", "grade", "bench"):
+        assert command in help_text
+
+
+def test_dtlabs_console_script_is_installed():
+    exe = Path(sys.executable).with_name("dtlabs")
+    if not exe.exists():
+        pytest.skip("dtlabs console script not installed in this environment (pip install -e .)")
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "validate" in out.stdout
+
+
+def test_grade_with_nothing_submitted_says_so(tmp_path, capsys):
+    rc = cli.main(["grade", "--course-root", str(tmp_path)])
+    assert rc == 2 and "nothing to grade" in capsys.readouterr().out
