@@ -1,0 +1,18 @@
+# replaces: ring_all_reduce
+# loses: test_ring_all_reduce
+# mistake: uses torch.chunk, which returns fewer than world_size chunks when the tensor is small (1 element on 2 ranks gives one chunk), so the schedule indexes a chunk that does not exist
+def ring_all_reduce(tensor):
+    """Sum ``tensor`` over all ranks in place with a ring (reduce-scatter, then all-gather); return it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    chunks = torch.chunk(tensor.view(-1), world)
+    buffer = torch.empty_like(chunks[0])
+    for step in range(world - 1):
+        send_c, recv_c = (rank - step) % world, (rank - step - 1) % world
+        incoming = buffer[: chunks[recv_c].numel()]
+        send_recv(chunks[send_c], right, incoming, left)
+        chunks[recv_c].add_(incoming)
+    for step in range(world - 1):
+        send_c, recv_c = (rank + 1 - step) % world, (rank - step) % world
+        send_recv(chunks[send_c], right, chunks[recv_c], left)
+    return tensor
