@@ -1,0 +1,46 @@
+# replaces: DynamicLossScaler
+# loses: test_loss_scaler_unscale_once
+# mistake: step() always unscales, so after an explicit unscale_ (to clip gradients) it divides by the scale again
+class DynamicLossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self._scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self._clean_steps = 0
+        self._found_inf = False
+
+    def scale(self, loss):
+        return loss * self._scale
+
+    def unscale_(self, optimizer):
+        found_inf = False
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    p.grad.div_(self._scale)
+                    if not torch.isfinite(p.grad).all():
+                        found_inf = True
+        self._found_inf = self._found_inf or found_inf
+
+    def step(self, optimizer):
+        self.unscale_(optimizer)  # no memory of an earlier unscale_ in this iteration
+        if self._found_inf:
+            return None
+        return optimizer.step()
+
+    def update(self):
+        if self._found_inf:
+            self._scale *= self.backoff_factor
+            self._clean_steps = 0
+        else:
+            self._clean_steps += 1
+            if self._clean_steps == self.growth_interval:
+                self._scale *= self.growth_factor
+                self._clean_steps = 0
+        self._found_inf = False
+
+    def get_scale(self):
+        return self._scale

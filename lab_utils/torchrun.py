@@ -1,0 +1,304 @@
+"""Start N torchrun agents on this machine as if they were N nodes, stream their output, leave nothing behind.
+
+    result = run_nodes("train.py", "--steps", "8", nnodes=2, nproc_per_node=1, rdzv="c10d", timeout=60)
+
+Each "node" is a real ``torchrun`` agent (``python -m torch.distributed.run``) on 127.0.0.1, started exactly
+as you would start one per machine (``agent_command`` returns that command line, for a slide or a terminal).
+What this module adds around torchrun, and why:
+- Output of every agent and its workers streams into the cell as ``[node i] ...``, printed from the calling
+  thread (ipykernel routes output from background threads unreliably).
+- Nothing survives. torchrun starts each worker in its *own session*, so killing an agent's process group
+  does not reach its workers, and a worker of a timed-out cell keeps running (design.md section 7). Every
+  agent gets a marker ``DTLABS_RUN_ID`` in its environment, which its workers inherit; on success, error,
+  timeout or ``KeyboardInterrupt`` we SIGKILL each agent's process group, every descendant we saw, and every
+  process of ours that carries the marker (found with psutil). Agents also get ``PR_SET_PDEATHSIG=SIGTERM``
+  (Linux) so a dying kernel takes them along, and torchrun stops its workers on SIGTERM.
+- Restarts work with gloo: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each restart attempt a fresh store;
+  with the agent's shared store, restarted gloo workers can read stale peer addresses and hang for the
+  30-minute default (pytorch#135712).
+- Ports: the rendezvous port is picked free on 127.0.0.1 and, if another process takes it first
+  (EADDRINUSE), the whole run is retried on a new port.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+__all__ = ["run_nodes", "agent_command", "write_script", "processes_of", "TorchrunResult", "TorchrunError",
+           "TorchrunTimeout"]
+
+HOST = "127.0.0.1"
+MARKER = "DTLABS_RUN_ID"
+PORT_RETRIES = 3
+_PORT_IN_USE = ("EADDRINUSE", "address already in use", "Address already in use")
+_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class TorchrunResult:
+    """What a multi-node run left: each agent's exit code and every line it printed, tagged with its node."""
+
+    returncodes: list
+    lines: list = field(default_factory=list)  # (node, text)
+    seconds: float = 0.0
+    port: int = 0
+    run_id: str = ""  # the DTLABS_RUN_ID marker its agents and workers carried
+
+    @property
+    def ok(self) -> bool:
+        return all(code == 0 for code in self.returncodes)
+
+    def output(self, node: int | None = None) -> str:
+        return "\n".join(text for n, text in self.lines if node is None or n == node)
+
+
+class TorchrunError(RuntimeError):
+    """An agent exited with a non-zero code (its workers failed more often than --max-restarts allows)."""
+
+    def __init__(self, message, result):
+        super().__init__(message)
+        self.result = result
+
+
+class TorchrunTimeout(TorchrunError, TimeoutError):
+    """The run did not finish within ``timeout``; every agent and worker has been killed."""
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (another process may still take it: ``run_nodes`` retries)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_rank=0, rdzv="static",
+                  master_addr=HOST, port=29500, run_id="dtlabs", max_restarts=0, python=None) -> list:
+    """The torchrun command line for one node. On real machines ``master_addr`` is the first node's hostname.
+
+    ``rdzv="static"``: every node is told its ``--node-rank`` and the master's address and port; node 0
+    hosts the store. ``rdzv="c10d"``: nodes meet at ``--rdzv-endpoint`` and the rendezvous hands out the
+    node ranks (``GROUP_RANK``), which is what lets torchrun restart or replace nodes.
+    """
+    if rdzv not in ("static", "c10d"):
+        raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+           f"--nproc-per-node={nproc_per_node}"]
+    if rdzv == "static":
+        cmd += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}"]
+    else:
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{port}", f"--rdzv-id={run_id}"]
+    cmd += [f"--max-restarts={max_restarts}", "--monitor-interval=0.1", str(script), *map(str, script_args)]
+    return cmd
+
+
+def write_script(path, *functions, main: str, header: str = "") -> str:
+    """Write notebook-defined functions into a script torchrun can run: ``header``, each function's source,
+    then ``main`` under ``if __name__ == "__main__":``. Returns the path."""
+    parts = [textwrap.dedent(header).strip() + "\n"] if header.strip() else []
+    for fn in functions:
+        parts.append(textwrap.dedent(inspect.getsource(fn)).rstrip() + "\n")
+    parts.append('if __name__ == "__main__":\n' + textwrap.indent(textwrap.dedent(main).strip(), "    ") + "\n")
+    with open(path, "w") as f:
+        f.write("\n\n".join(parts))
+    return str(path)
+
+
+def processes_of(run_id: str) -> list:
+    """Live processes of this user that carry ``DTLABS_RUN_ID=run_id`` (agents and workers of one run)."""
+    import psutil
+
+    found, me, uid = [], os.getpid(), os.getuid()
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.pid == me or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if p.environ().get(MARKER) == run_id:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _agent_env(run_id, nranks, env):
+    from lab_utils.env import loopback_ifname, threads_per_rank
+
+    out = dict(os.environ)
+    out.update({
+        MARKER: run_id,
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # pytorch#135712: restarts with gloo otherwise hang
+        "OMP_NUM_THREADS": str(threads_per_rank(nranks)),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (_PKG_PARENT, os.environ.get("PYTHONPATH")) if p),
+    })
+    ifname = loopback_ifname()
+    if ifname:
+        out.setdefault("GLOO_SOCKET_IFNAME", ifname)
+    out.update({k: str(v) for k, v in (env or {}).items()})
+    return out
+
+
+def _read(node, stream, events):
+    for raw in iter(stream.readline, b""):
+        events.put((node, raw.decode(errors="replace").rstrip("\n")))
+    events.put((node, None))
+
+
+def _reap(procs, seen, run_id) -> int:
+    """SIGKILL every agent's process group, every descendant seen, every process with our marker."""
+    import psutil
+
+    victims = {p.pid: p for p in seen}
+    for proc in procs:
+        try:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                victims.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+    for p in processes_of(run_id):
+        victims.setdefault(p.pid, p)
+    for proc in procs:
+        if proc.poll() is None:  # once reaped, its pid (= its group id) may belong to someone else
+            _killpg(proc.pid)
+    for pid, p in victims.items():
+        try:
+            if not p.is_running():  # psutil compares creation times: a reused pid is not ours
+                continue
+            if os.getpgid(pid) == pid:  # torchrun's workers lead their own session
+                _killpg(pid)
+            p.kill()
+        except (psutil.Error, OSError):
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    _, alive = psutil.wait_procs(list(victims.values()), timeout=5)
+    return len([v for v in victims.values() if v not in alive])
+
+
+def _killpg(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd, quiet, port):
+    run_id = uuid.uuid4().hex[:12]
+    agent_env = _agent_env(run_id, nnodes * nproc_per_node, env)
+    events: queue.Queue = queue.Queue()
+    procs, seen, lines = [], [], []
+    open_streams = nnodes
+    clash = False
+    start = next_scan = time.monotonic()
+    try:
+        for node in range(nnodes):
+            cmd = agent_command(script, script_args, nnodes=nnodes, nproc_per_node=nproc_per_node,
+                                node_rank=node, rdzv=rdzv, port=port, run_id=run_id, max_restarts=max_restarts)
+            # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
+            shim = [sys.executable, "-m", "lab_utils.torchrun", "--agent", str(os.getpid()), *cmd[3:]]
+            proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=agent_env, cwd=cwd, start_new_session=True)
+            procs.append(proc)
+            threading.Thread(target=_read, args=(node, proc.stdout, events), daemon=True).start()
+        while open_streams or any(p.poll() is None for p in procs):
+            if timeout is not None and time.monotonic() - start > timeout:
+                result = TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id)
+                raise TorchrunTimeout(
+                    f"torchrun did not finish within {timeout} s: every agent and worker has been killed. "
+                    "A worker that waits for a peer which never comes (a rank that died outside a restartable "
+                    "failure, a missed collective, a node that never joined) looks exactly like this.", result)
+            if time.monotonic() > next_scan:  # a scan reads /proc: not too often
+                _remember_children(procs, seen)
+                next_scan = time.monotonic() + 1.0
+            try:
+                node, text = events.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if text is None:
+                open_streams -= 1
+                continue
+            lines.append((node, text))
+            if any(s in text for s in _PORT_IN_USE):  # someone took our port: the other agents would wait forever
+                clash = True
+                break
+            if not quiet:
+                print(f"[node {node}] {text}", flush=True)
+        return TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id), clash
+    finally:
+        _reap(procs, seen, run_id)
+        for proc in procs:
+            if proc.stdout:
+                proc.stdout.close()
+
+
+def _remember_children(procs, seen):
+    """Note workers while their agent lives: once an agent is killed, its workers are orphans."""
+    import psutil
+
+    known = {p.pid for p in seen}
+    for proc in procs:
+        try:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                if child.pid not in known:
+                    seen.append(child)
+                    known.add(child.pid)
+        except psutil.Error:
+            pass
+
+
+def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", max_restarts=0, timeout=60,
+              env=None, cwd=None, check=True, quiet=False) -> TorchrunResult:
+    """Run ``script`` under ``nnodes`` torchrun agents on loopback, each with ``nproc_per_node`` workers.
+
+    Returns a ``TorchrunResult``. Raises ``TorchrunTimeout`` past ``timeout`` seconds and, with ``check``,
+    ``TorchrunError`` when an agent fails. In every case, including ``KeyboardInterrupt``, every agent and
+    worker of the run is dead when this returns or raises. ``env`` adds variables for agents and workers.
+    """
+    if not os.path.exists(os.path.join(cwd or ".", str(script))):
+        raise FileNotFoundError(f"no script {script!r} to run (write it first, e.g. with write_script)")
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError(f"need at least one node and one process per node, got {nnodes} x {nproc_per_node}")
+    for attempt in range(1, PORT_RETRIES + 1):
+        port = free_port()
+        result, clash = _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd,
+                              quiet, port)
+        if not clash or attempt == PORT_RETRIES:
+            break
+        print(f"[torchrun] port {port} was taken by another process; retrying on a new port", flush=True)
+    if check and not result.ok:
+        codes = ", ".join(f"node {n}: {c}" for n, c in enumerate(result.returncodes))
+        raise TorchrunError(f"torchrun failed (exit codes {codes}); the output above shows which rank failed "
+                            "first (look for the first Traceback).", result)
+    return result
+
+
+def _agent_main(argv):
+    """``python -m lab_utils.torchrun --agent PARENT_PID <torchrun args>``: torchrun that dies with its parent."""
+    parent = int(argv[0])
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        sys.exit(1)
+    import runpy
+
+    sys.argv = ["torchrun", *argv[1:]]
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--agent":
+    _agent_main(sys.argv[2:])

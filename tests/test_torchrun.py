@@ -1,0 +1,188 @@
+"""lab_utils.torchrun: real torchrun agents on loopback run a job, stream it, and never leave a process behind.
+
+Each torchrun run costs a few seconds (every agent and worker imports torch), so the tests keep to four runs.
+Processes are counted with psutil: by the pids the workers write, and by the run's DTLABS_RUN_ID marker.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lab_utils import torchrun as tr
+from lab_utils.torchrun import TorchrunTimeout, processes_of, run_nodes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _nothing_survives(no_leaked_processes):
+    """conftest's check: no process started under this test's token (agents, workers) outlives the test."""
+    yield
+
+ALL_REDUCE = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.full((2,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    keys = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")
+    print("RESULT", *(os.environ[k] for k in keys), t.tolist(), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+SLEEPER = textwrap.dedent(
+    """
+    import os, sys, time
+    with open(os.path.join(sys.argv[1], f"worker{os.environ['RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    """
+)
+
+
+def _script(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _wait_gone(pids, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while (alive := _alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+def _wait_for_pids(folder, n, proc, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    files = [folder / f"worker{r}.pid" for r in range(n)]
+    while not all(f.exists() and f.read_text() for f in files):
+        assert proc.poll() is None, f"the launching process exited early:\n{proc.stdout.read() if proc.stdout else ''}"
+        assert time.monotonic() < deadline, f"workers did not start within {timeout} s"
+        time.sleep(0.1)
+    return [int(f.read_text()) for f in files]
+
+
+def test_two_static_nodes_train_stream_and_exit_clean(tmp_path, capsys):
+    script = _script(tmp_path, "all_reduce.py", ALL_REDUCE)
+    result = run_nodes(script, nnodes=2, nproc_per_node=1, rdzv="static", timeout=120)
+    assert result.ok and result.returncodes == [0, 0]
+    got = sorted(text for _, text in result.lines if text.startswith("RESULT"))
+    assert got == ["RESULT 0 0 0 2 [3.0, 3.0]", "RESULT 1 0 1 2 [3.0, 3.0]"]
+    by_node = {n: text for n, text in result.lines if text.startswith("RESULT")}
+    assert by_node[0].split()[3] == "0" and by_node[1].split()[3] == "1", "node i must print GROUP_RANK i"
+    printed = capsys.readouterr().out
+    assert "[node 0] RESULT 0 0 0 2" in printed and "[node 1] RESULT 1 0 1 2" in printed
+    assert not processes_of(result.run_id), "a process of the finished run is still alive"
+
+
+def test_timeout_kills_agents_even_before_their_workers_start(tmp_path):
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    script = _script(tmp_path, "sleeper.py", SLEEPER)
+    t0 = time.monotonic()
+    with pytest.raises(TorchrunTimeout) as info:
+        run_nodes(script, str(folder), nnodes=2, timeout=2, quiet=True)
+    assert time.monotonic() - t0 < 20, "the timeout must stop the run promptly"
+    assert not processes_of(info.value.result.run_id), "agents survived a timeout"
+
+
+KERNEL = textwrap.dedent(
+    """
+    import sys
+    from lab_utils.torchrun import run_nodes
+    try:
+        run_nodes(sys.argv[1], sys.argv[2], nnodes=2, nproc_per_node=1, timeout=600, quiet=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    """
+)
+
+
+def _start_kernel(tmp_path):
+    """A process standing in for a Jupyter kernel whose cell runs two sleeping nodes."""
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    script = _script(tmp_path, "sleeper.py", SLEEPER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", KERNEL, script, str(folder)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    workers = _wait_for_pids(folder, 2, proc)
+    everyone = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert set(workers) <= set(everyone), "workers should descend from the kernel's agents"
+    return proc, workers, everyone
+
+
+def test_kernel_interrupt_reaps_agents_and_workers(tmp_path):
+    proc, workers, everyone = _start_kernel(tmp_path)
+    proc.send_signal(signal.SIGINT)  # what "Interrupt the kernel" does
+    out, _ = proc.communicate(timeout=60)
+    assert "interrupted" in out, "the KeyboardInterrupt must reach the cell after the cleanup"
+    assert not _wait_gone(everyone, timeout=10), "agents or workers survived a kernel interrupt"
+
+
+def test_kernel_death_takes_agents_and_workers_along(tmp_path):
+    proc, workers, everyone = _start_kernel(tmp_path)
+    proc.kill()  # a crashed kernel cleans nothing up: the agents' parent-death signal must do it
+    proc.wait(timeout=10)
+    alive = _wait_gone(everyone, timeout=30)
+    for pid in alive:  # do not leave them to the next test
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not alive, f"orphans after the kernel was SIGKILLed: {alive}"
+
+
+def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    ports = iter([taken])
+    real = tr.free_port
+    monkeypatch.setattr(tr, "free_port", lambda: next(ports, None) or real())
+    script = _script(tmp_path, "all_reduce.py", ALL_REDUCE)
+    try:
+        result = run_nodes(script, nnodes=2, timeout=120, quiet=True)
+    finally:
+        busy.close()
+    assert result.ok and result.port != taken, "the run should have moved to a free port"
+    assert len([t for _, t in result.lines if t.startswith("RESULT")]) == 2
+
+
+def test_agent_command_for_real_machines():
+    static = tr.agent_command("train.py", ("--lr", 0.1), nnodes=2, nproc_per_node=8, node_rank=1,
+                              master_addr="node-a", port=29500)
+    assert static[1:3] == ["-m", "torch.distributed.run"]
+    assert "--node-rank=1" in static and "--master-addr=node-a" in static and static[-3:] == ["train.py", "--lr", "0.1"]
+    c10d = tr.agent_command("train.py", nnodes=2, rdzv="c10d", master_addr="node-a", port=29500, run_id="job7")
+    assert "--rdzv-endpoint=node-a:29500" in c10d and "--rdzv-id=job7" in c10d
+    assert not any(a.startswith("--node-rank") for a in c10d), "c10d hands out node ranks itself"
+    with pytest.raises(ValueError):
+        tr.agent_command("train.py", rdzv="etcd")
