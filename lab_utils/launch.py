@@ -263,6 +263,10 @@ def launch(
         zygote.events = events
         try:
             return _run(zygote, events, payload, world_size, choice.backend, store.port, timeout, debug)
+        except LaunchError as exc:
+            # End the cell's traceback at the student's `launch(...)` line: the supervisor's frames teach nothing,
+            # and the message already carries the failing rank's own traceback.
+            raise exc.with_traceback(None) from None
         finally:
             zygote.events = None
             del store

@@ -99,6 +99,12 @@ def _summary_html(s):
     )
 
 
+def _world_sizes(extra: int) -> list[int]:
+    """2, 3, 4, 6, 8, 12, ... 1024 (powers of two and the midpoints between them), plus ``extra``."""
+    sizes = {2 ** k for k in range(1, 11)} | {3 * 2 ** k for k in range(0, 9)} | {int(extra)}
+    return sorted(sizes)
+
+
 def allreduce_explorer(world_size=16, message_mb=100.0, bandwidth_gbs=10.0, latency_us=20.0, compute_ms=100.0,
                        overlap=0.5):
     """Sliders for the alpha-beta model of all-reduce and a DDP step; returns an ``ipywidgets.VBox``.
@@ -111,8 +117,10 @@ def allreduce_explorer(world_size=16, message_mb=100.0, bandwidth_gbs=10.0, late
     style = {"description_width": "150px"}
     layout = widgets.Layout(width="430px")
     controls = {
-        "world_size": widgets.IntSlider(world_size, min=2, max=1024, step=1, description="world size p",
-                                        continuous_update=False, style=style, layout=layout),
+        # world sizes on a log scale (as clusters grow): a linear 2..1024 slider leaves 2..64 in one pixel
+        "world_size": widgets.SelectionSlider(options=_world_sizes(world_size), value=int(world_size),
+                                              description="world size p", continuous_update=False,
+                                              style=style, layout=layout),
         "message_mb": widgets.FloatLogSlider(message_mb, base=10, min=-3, max=4, step=0.1,
                                              description="gradients (MB)", readout_format=".3g",
                                              continuous_update=False, style=style, layout=layout),

@@ -4,7 +4,8 @@ Starts ``jupyter lab`` (as ``make lab`` does) on a temporary copy of ``labs/``, 
 one by one with Shift+Enter up to the first cell that printed ``[rank 0]``/``[rank 1]`` lines *and* a
 matplotlib figure, and checks both are rendered in the page (plus any ipywidgets widget shown on the way),
 and that the nbgrader JupyterLab extension is loaded (its "Validate" button sits in the notebook toolbar).
-A screenshot goes to ``test-artifacts/browser/lab01.png``.
+Lab 06 gets the same treatment up to its ipywidgets explorer (all-reduce cost sliders), which must render.
+Screenshots go to ``test-artifacts/browser/lab01.png`` and ``lab06.png``.
 
 Needs a Chromium (``.ci/install-browser`` installs Debian's); skips with the reason when none runs.
 Environment: ``DTLABS_BROWSER_LABS=<dir>`` serves another release folder (e.g. ``dtlabs release --dest``);
@@ -26,7 +27,11 @@ import pytest
 from browser_helpers import CHROMIUM_ARGS, JupyterLabServer, dev_notebook, find_chromium
 
 REPO = Path(__file__).resolve().parent.parent
-LAB = Path("01_ddp_setup/01_ddp_setup.ipynb")
+# notebook -> whether its first launch must show [rank 0]/[rank 1] lines before we stop running cells
+LABS = {
+    "01_ddp_setup": True,   # the exemplar: rank output and a figure from the first launch cells
+    "06_profiling": False,  # the widget explorer near the end (its launches print tables, not rank lines)
+}
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 # The whole test, server start to shutdown, must stay under 90 s (override on a slow shared machine).
 LIMIT_S = float(os.environ.get("DTLABS_BROWSER_LIMIT_S", "90"))
@@ -68,16 +73,18 @@ VISIBLE_STATE = """() => {
 
 @pytest.mark.browser
 @pytest.mark.timeout(LIMIT_S + 60)  # a hard stop; the cleanup in `finally` still runs
-def test_lab01_in_jupyterlab(tmp_path, capsys, record_property, no_leaked_processes):
+@pytest.mark.parametrize("lab", sorted(LABS))
+def test_lab_in_jupyterlab(lab, tmp_path, capsys, record_property, no_leaked_processes):
     t0 = time.monotonic()
+    LAB, need_ranks, tag = Path(f"{lab}/{lab}.ipynb"), LABS[lab], f"lab{lab[:2]}"
     chromium, why = find_chromium()
     if chromium is None:
         pytest.skip(why)
     labs = Path(os.environ.get("DTLABS_BROWSER_LABS") or REPO / "labs")  # e.g. a `dtlabs release --dest` dir
     released = labs / LAB
-    dev = os.environ.get("DTLABS_BROWSER_DEV_NOTEBOOK") == "1"
+    dev = os.environ.get("DTLABS_BROWSER_DEV_NOTEBOOK") == "1" and need_ranks
     if not released.exists() and not dev:
-        pytest.skip(f"Lab 01 release not found at {released} (generate it with `make release`)")
+        pytest.skip(f"{lab} release not found at {released} (generate it with `make release`)")
 
     from playwright.sync_api import sync_playwright  # a test dependency: a missing one is a failure
 
@@ -86,8 +93,8 @@ def test_lab01_in_jupyterlab(tmp_path, capsys, record_property, no_leaked_proces
     if not released.exists():
         dev_notebook(root / LAB)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "lab01.png"
-    for old in ARTIFACTS.glob("lab01*.png"):
+    shot = ARTIFACTS / f"{tag}.png"
+    for old in ARTIFACTS.glob(f"{tag}*.png"):
         old.unlink()
 
     server = JupyterLabServer(root, tmp_path / "jupyter-home")
@@ -120,11 +127,12 @@ def test_lab01_in_jupyterlab(tmp_path, capsys, record_property, no_leaked_proces
                               "server extensions loaded")
 
                 widget_cell = _first_widget_cell(root / LAB)
-                ran = _run_until_ranks_and_figure(page, t0, widget_cell)
+                ran = _run_until_ranks_and_figure(page, t0, widget_cell, need_ranks)
                 timings["cells run"] = time.monotonic() - t0
                 state = page.evaluate(PAGE_STATE)
                 report.append(f"ran cells 1..{ran + 1} of {state['n']} with Shift+Enter")
-                assert state["rank0"] and state["rank1"], "no [rank 0]/[rank 1] lines in any output"
+                if need_ranks:
+                    assert state["rank0"] and state["rank1"], "no [rank 0]/[rank 1] lines in any output"
                 assert state["images"] >= 1, "no rendered figure (<img>) in any output"
                 if widget_cell is not None:
                     assert state["widgets"] >= 1, f"cell {widget_cell + 1} shows no ipywidgets widget"
@@ -137,14 +145,16 @@ def test_lab01_in_jupyterlab(tmp_path, capsys, record_property, no_leaked_proces
                 # The screenshot: the figure's cell, scrolled as a student would to see its output
                 # (in Lab 01 the figure cell is itself a launch, so its [rank k] lines sit above the figure).
                 page.mouse.move(0, 0)
-                page.locator(f"{OUTPUTS} img").first.evaluate(
-                    "e => e.closest('.jp-Cell').scrollIntoView({block: 'end'})")
+                # Lab 01: the figure's cell; a lab with an explorer: that cell (tqdm bars are widgets too)
+                target = (page.locator(CELLS).nth(widget_cell) if widget_cell is not None
+                          else page.locator(f"{OUTPUTS} img").first)
+                target.evaluate("e => e.closest('.jp-Cell').scrollIntoView({block: 'end'})")
                 page.wait_for_timeout(300)
                 page.screenshot(path=str(shot))
                 shot_state = page.evaluate(VISIBLE_STATE)
                 report.append(f"screenshot shows: rank lines {shot_state['ranks']}, figure {shot_state['img']}")
-                if not (shot_state["ranks"] and shot_state["img"]):  # the first launch output elsewhere
-                    launch_shot = ARTIFACTS / "lab01-launch.png"
+                if need_ranks and not (shot_state["ranks"] and shot_state["img"]):  # launch output elsewhere
+                    launch_shot = ARTIFACTS / f"{tag}-launch.png"
                     page.locator(OUTPUTS, has_text="[rank 0]").first.evaluate(
                         "e => e.closest('.jp-Cell').scrollIntoView({block: 'start'})")
                     page.wait_for_timeout(300)
@@ -156,8 +166,8 @@ def test_lab01_in_jupyterlab(tmp_path, capsys, record_property, no_leaked_proces
                     report.append(f"{len(bad)} browser console error(s), first: {bad[0][:200]}")
             except BaseException:
                 try:  # what the page looked like when it went wrong
-                    page.screenshot(path=str(ARTIFACTS / "lab01-failure.png"))
-                    report.append(f"FAILED; page at failure: {ARTIFACTS / 'lab01-failure.png'}; "
+                    page.screenshot(path=str(ARTIFACTS / f"{tag}-failure.png"))
+                    report.append(f"FAILED; page at failure: {ARTIFACTS / (tag + '-failure.png')}; "
                                   f"state: {page.evaluate(PAGE_STATE)}")
                 except Exception:
                     pass
@@ -211,7 +221,7 @@ def _first_widget_cell(notebook: Path) -> int | None:
     return None
 
 
-def _run_until_ranks_and_figure(page, t0, widget_cell: int | None) -> int:
+def _run_until_ranks_and_figure(page, t0, widget_cell: int | None, need_ranks: bool = True) -> int:
     """Shift+Enter through the cells, one at a time (a stub raising NotImplementedError is fine: unlike
     Run All, running cells one by one does not stop there), until rank output and a figure are shown
     (and, where the notebook has one, the first widget cell has run). Returns the last cell's index."""
@@ -236,7 +246,8 @@ def _run_until_ranks_and_figure(page, t0, widget_cell: int | None) -> int:
                 raise AssertionError(f"cell {i + 1} did not finish in time: "
                                      f"{page.evaluate(PAGE_STATE)['prompts'][i]!r}")
         state = page.evaluate(PAGE_STATE)
-        if state["rank0"] and state["rank1"] and state["images"] and (widget_cell is None or i >= widget_cell):
+        ranks = (state["rank0"] and state["rank1"]) or not need_ranks
+        if ranks and state["images"] and (widget_cell is None or i >= widget_cell):
             if state["widgets"]:
                 page.wait_for_timeout(300)  # let a widget view finish rendering
             return i
