@@ -95,6 +95,37 @@ def test_solution_runs_under_papermill(lab, tmp_path, no_leaked_processes):
     assert injected and "BACKEND = \"gloo\"" in injected[0].source, "papermill did not inject the parameters"
 
 
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()  # counts devices without creating a CUDA context in this process
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("lab", LABS)
+def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_processes):
+    """GPU runners: the same solution with BACKEND="auto", one rank per GPU (up to 4), so launch() picks NCCL."""
+    gpus = _gpus()
+    if gpus < 2:
+        pytest.skip(f"needs 2 CUDA GPUs for NCCL with one GPU per rank (found {gpus})")
+    import papermill
+
+    work = tmp_path / lab
+    shutil.copytree(REPO / "solutions" / lab, work)
+    out = tmp_path / f"{lab}.gpu.ipynb"
+    start = time.monotonic()
+    papermill.execute_notebook(
+        str(work / f"{lab}.ipynb"), str(out), parameters={"WORLD_SIZE": min(gpus, 4), "BACKEND": "auto"},
+        cwd=str(work), kernel_name="python3", progress_bar=False, log_output=False, execution_timeout=300,
+    )
+    LAB_TIMINGS.setdefault(lab, {})["papermill_gpu_s"] = time.monotonic() - start
+    text = "".join(o.get("text", "") for c in nbformat.read(str(out), as_version=4).cells
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert "nccl" in text.lower(), "launch() did not report NCCL on a machine with a GPU per rank"
+
+
 # ------------------------------------------------------------------------------------------ autograde
 class LabGrades:
     """One nbgrader autograde run over every submission of one lab, and its results."""
