@@ -7,10 +7,10 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help lab test test-fast release bench doctor clean
+.PHONY: help install lab test test-fast release bench bench-grade doctor clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ doctor: $(VENV)/.installed  ## check torch, backends, GPUs and a 2-rank all-redu
 
 bench: $(VENV)/.installed  ## launcher benchmark: medians and ratios against mp.spawn and notebook_launcher
 	$(PY) benchmarks/bench_launch.py
+
+bench-grade: $(VENV)/.installed  ## time `dtlabs grade` for one student's six labs (target: under 10 minutes)
+	$(PY) benchmarks/bench_grading.py
 
 clean:  ## remove .venv and grader work folders
 	rm -rf $(VENV) grader/work

@@ -21,6 +21,7 @@ from lab_utils import grading
 REPO = grading.REPO_ROOT
 TEST_TOKEN_VAR = "DTLABS_TEST_TOKEN"  # not grading.TOKEN_VAR: grading sets its own token per nbgrader run
 LAB_TIMINGS: dict = {}  # lab -> {"papermill_s": ..., "autograde_s": ...}, printed at the end of the run
+LAB_POINTS: dict = {}  # lab -> {student: "earned/possible"} from autograde, printed at the end of the run
 
 
 # ------------------------------------------------------------------------------------------ processes
@@ -157,9 +158,14 @@ def synthetic_course(tmp_path_factory):
 
 # ------------------------------------------------------------------------------------------ timings
 def pytest_terminal_summary(terminalreporter):
-    if not LAB_TIMINGS:
-        return
-    terminalreporter.section("lab timings (seconds)")
-    for lab, t in sorted(LAB_TIMINGS.items()):
-        parts = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(t.items()))
-        terminalreporter.write_line(f"{lab}: {parts}")
+    if LAB_TIMINGS:
+        terminalreporter.section("lab timings (seconds)")
+        for lab, t in sorted(LAB_TIMINGS.items()):
+            parts = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(t.items()))
+            terminalreporter.write_line(f"{lab}: {parts}")
+    if LAB_POINTS:
+        terminalreporter.section("lab points (autograde; known-wrong: on the cells each must lose)")
+        for lab, students in sorted(LAB_POINTS.items()):
+            terminalreporter.write_line(f"{lab}:")
+            for student, points in students.items():
+                terminalreporter.write_line(f"    {student}: {points}")

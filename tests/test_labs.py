@@ -17,7 +17,7 @@ import uuid
 
 import nbformat
 import pytest
-from conftest import LAB_TIMINGS, TEST_TOKEN_VAR, assert_no_leftovers
+from conftest import LAB_POINTS, LAB_TIMINGS, TEST_TOKEN_VAR, assert_no_leftovers
 
 from lab_utils import grading
 
@@ -162,9 +162,18 @@ class LabGrades:
         except AssertionError as exc:
             self.leftovers = [str(exc)]
         self.scores = {s: grading.cell_scores(self.root, self.lab, s) for s in self.students}
+        LAB_POINTS[self.lab] = {s: self._points(s) for s in self.students}
         LAB_TIMINGS.setdefault(self.lab, {}).update(
             autograde_s=self.run.seconds, submissions=len(self.students), reaped=len(self.run.reaped))
         return self
+
+    def _points(self, student) -> str:
+        """'7/10' for a whole submission; for a known-wrong one, its points on the cells it must lose."""
+        sc = self.scores.get(student) or {}
+        if student.startswith("wrong_"):
+            kw = self.wrong[student[len("wrong_"):]]
+            return ", ".join(f"{t} {sc.get(t, (0, 0))[0]:g}/{sc.get(t, (0, 0))[1]:g}" for t in kw.loses)
+        return f"{sum(e for e, _ in sc.values()):g}/{sum(m for _, m in sc.values()):g}"
 
     def explain(self, student):
         return f"{student}: {self.scores.get(student)}\nnbgrader log tail:\n{self.run.output[-3000:]}"
