@@ -535,6 +535,15 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
             self.results = super().validate(filename)
             return self.results
 
+        def _print_error(self, source, error):
+            # nbgrader cuts every line at `width` characters, which cuts off the tutor's message at the end of
+            # our assertions (what, where, by how much, the hint): wrap the error instead, keep the cut for code.
+            self.stream.write("\n" + "=" * self.width + "\n")
+            self.stream.write("The following cell failed:\n\n")
+            self.stream.write(self._indent(source) + "\n\n")
+            self.stream.write("The error was:\n\n")
+            self.stream.write(_wrap_error(error, self.indent, self.width) + "\n\n")
+
     v = _Validator(config=cfg)
     if stream is not None:
         v.stream = stream
@@ -550,6 +559,20 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
         reap(token, grace_s=1.0)
     res = getattr(v, "results", {})
     return 1 if (res.get("type_changed") or res.get("changed") or res.get("failed")) else 0
+
+
+def _wrap_error(text: str, indent: str, width: int) -> str:
+    """Every line of ``text`` indented and wrapped (not cut) at ``width``; ANSI colours removed."""
+    import textwrap
+
+    from nbconvert.filters import strip_ansi
+
+    out = []
+    for line in strip_ansi(text).split("\n"):
+        lead = line[: len(line) - len(line.lstrip())]
+        out.extend(textwrap.wrap(line, width=width, initial_indent=indent, subsequent_indent=indent + lead + "  ",
+                                 break_on_hyphens=False, drop_whitespace=True) or [indent.rstrip()])
+    return "\n".join(out)
 
 
 def notebook_problems(path) -> list[str]:

@@ -158,3 +158,13 @@ def test_dtlabs_console_script_is_installed():
 def test_grade_with_nothing_submitted_says_so(tmp_path, capsys):
     rc = cli.main(["grade", "--course-root", str(tmp_path)])
     assert rc == 2 and "nothing to grade" in capsys.readouterr().out
+
+
+def test_validate_wraps_long_failure_messages_instead_of_cutting_them():
+    """nbgrader cuts error lines at 90 characters; the hint at the end of a tutor-style assertion must survive."""
+    message = "AssertionError: " + "x" * 150 + " HINT-AT-THE-END: divide by the world size"
+    text = grading._wrap_error("\x1b[31m" + message + "\x1b[0m\n  short line", "    ", 90)
+    lines = text.split("\n")
+    assert all(len(line) <= 90 for line in lines), lines
+    assert "HINT-AT-THE-END: divide by the world size" in " ".join(line.strip() for line in lines)
+    assert "\x1b" not in text and lines[-1] == "      short line"
