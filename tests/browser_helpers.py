@@ -119,6 +119,9 @@ class JupyterLabServer:
             f = dirs["JUPYTERLAB_SETTINGS_DIR"] / rel
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(json.dumps(value))
+        # as `make lab` does: the course's nbgrader config (grader/) is in force for Validate and the formgrader
+        grader = str(Path(__file__).resolve().parent.parent / "grader")
+        env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (grader, env.get("JUPYTER_CONFIG_PATH")) if p)
         env.pop("MPLBACKEND", None)  # let the kernel use matplotlib-inline, as a student's would
         env.pop("JUPYTER_TOKEN", None)
         env["PYTHONUNBUFFERED"] = "1"

@@ -161,6 +161,9 @@ def test_lab_in_jupyterlab(lab, tmp_path, capsys, record_property, no_leaked_pro
                     page.screenshot(path=str(launch_shot))
                     report.append(f"first launch output: {launch_shot}")
                 timings["screenshot"] = time.monotonic() - t0
+                if need_ranks:  # the student's pre-submission check, as they would click it
+                    report.append(_click_validate(page, ARTIFACTS / f"{tag}-validate.png"))
+                    timings["validated"] = time.monotonic() - t0
                 bad = [e for e in console_errors if "favicon" not in e]
                 if bad:
                     report.append(f"{len(bad)} browser console error(s), first: {bad[0][:200]}")
@@ -193,6 +196,18 @@ def test_lab_in_jupyterlab(lab, tmp_path, capsys, record_property, no_leaked_pro
     assert not [k for k in killed if "dtlabs-rank" in k], f"rank processes outlived the kernel: {killed}"
     elapsed = time.monotonic() - t0
     assert elapsed < LIMIT_S, f"browser test took {elapsed:.0f}s (limit {LIMIT_S:.0f}s): {timings}"
+
+
+def _click_validate(page, shot: Path) -> str:
+    """Click nbgrader's Validate button on the released lab: its stubs must be reported, not pass."""
+    page.locator(f"{NOTEBOOK} .jp-NotebookPanel-toolbar .validate-button").first.click()
+    dialog = page.locator(".jp-Dialog", has_text="Validation")
+    dialog.first.wait_for(timeout=max(5_000, (BUDGET_S - 5) * 1000 - 30_000))
+    text = dialog.first.inner_text()
+    page.screenshot(path=str(shot))
+    assert "NotImplementedError" in text or "failed" in text.lower(), f"Validate passed the stubs: {text[:500]}"
+    page.keyboard.press("Escape")
+    return f"Validate button: {text.splitlines()[0]!r} dialog reports the stubs ({shot.name})"
 
 
 def _kernel_name(notebook: Path) -> str:
