@@ -75,22 +75,27 @@ def test_known_wrong_submission_names_real_cells(lab, name):
 
 
 # ------------------------------------------------------------------------------------------ papermill
+def _papermill(lab, tmp_path, parameters, timing_key):
+    """Execute the solution beside a copy of its folder (a lab may write files); return the executed notebook."""
+    import papermill
+
+    work = tmp_path / lab
+    shutil.copytree(REPO / "solutions" / lab, work)
+    out = tmp_path / f"{lab}.{timing_key}.ipynb"
+    start = time.monotonic()
+    papermill.execute_notebook(
+        str(work / f"{lab}.ipynb"), str(out), parameters=parameters, cwd=str(work), kernel_name="python3",
+        progress_bar=False, log_output=False, execution_timeout=300,
+    )
+    LAB_TIMINGS.setdefault(lab, {})[timing_key] = time.monotonic() - start
+    return nbformat.read(str(out), as_version=4)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("lab", LABS)
 def test_solution_runs_under_papermill(lab, tmp_path, no_leaked_processes):
-    import papermill
-
-    work = tmp_path / lab
-    shutil.copytree(REPO / "solutions" / lab, work)  # run beside a copy: the lab may write files
-    out = tmp_path / f"{lab}.out.ipynb"
-    start = time.monotonic()
-    papermill.execute_notebook(
-        str(work / f"{lab}.ipynb"), str(out), parameters=PARAMETERS, cwd=str(work), kernel_name="python3",
-        progress_bar=False, log_output=False, execution_timeout=300,
-    )
-    LAB_TIMINGS.setdefault(lab, {})["papermill_s"] = time.monotonic() - start
-    executed = nbformat.read(str(out), as_version=4)
+    executed = _papermill(lab, tmp_path, PARAMETERS, "papermill_s")
     injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and "BACKEND = \"gloo\"" in injected[0].source, "papermill did not inject the parameters"
 
@@ -110,19 +115,9 @@ def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_proces
     gpus = _gpus()
     if gpus < 2:
         pytest.skip(f"needs 2 CUDA GPUs for NCCL with one GPU per rank (found {gpus})")
-    import papermill
-
-    work = tmp_path / lab
-    shutil.copytree(REPO / "solutions" / lab, work)
-    out = tmp_path / f"{lab}.gpu.ipynb"
-    start = time.monotonic()
-    papermill.execute_notebook(
-        str(work / f"{lab}.ipynb"), str(out), parameters={"WORLD_SIZE": min(gpus, 4), "BACKEND": "auto"},
-        cwd=str(work), kernel_name="python3", progress_bar=False, log_output=False, execution_timeout=300,
-    )
-    LAB_TIMINGS.setdefault(lab, {})["papermill_gpu_s"] = time.monotonic() - start
-    text = "".join(o.get("text", "") for c in nbformat.read(str(out), as_version=4).cells
-                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    executed = _papermill(lab, tmp_path, {"WORLD_SIZE": min(gpus, 4), "BACKEND": "auto"}, "papermill_gpu_s")
+    text = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream")
     assert "nccl" in text.lower(), "launch() did not report NCCL on a machine with a GPU per rank"
 
 
