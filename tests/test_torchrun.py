@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launch_helpers import wait_gone
+
 from lab_utils import torchrun as tr
 from lab_utils.torchrun import TorchrunTimeout, processes_of, run_nodes
 
@@ -57,25 +59,6 @@ def _script(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
     return str(path)
-
-
-def _alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _wait_gone(pids, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while (alive := _alive(pids)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
 
 
 def _wait_for_pids(folder, n, proc, timeout=120.0):
@@ -143,14 +126,14 @@ def test_kernel_interrupt_reaps_agents_and_workers(tmp_path):
     proc.send_signal(signal.SIGINT)  # what "Interrupt the kernel" does
     out, _ = proc.communicate(timeout=60)
     assert "interrupted" in out, "the KeyboardInterrupt must reach the cell after the cleanup"
-    assert not _wait_gone(everyone, timeout=10), "agents or workers survived a kernel interrupt"
+    assert not wait_gone(everyone, timeout=10), "agents or workers survived a kernel interrupt"
 
 
 def test_kernel_death_takes_agents_and_workers_along(tmp_path):
     proc, workers, everyone = _start_kernel(tmp_path)
     proc.kill()  # a crashed kernel cleans nothing up: the agents' parent-death signal must do it
     proc.wait(timeout=10)
-    alive = _wait_gone(everyone, timeout=30)
+    alive = wait_gone(everyone, timeout=30)
     for pid in alive:  # do not leave them to the next test
         try:
             os.killpg(pid, signal.SIGKILL)
