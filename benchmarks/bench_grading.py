@@ -1,15 +1,19 @@
-"""How long the instructor's `dtlabs grade` takes for one student who submitted all six labs.
+"""How long the instructor's `dtlabs grade` takes, sandboxed, and what `--jobs 2` buys on this machine.
 
-design.md section 6: "autograde of one full submission (six labs): under 10 minutes" on 2 CPU cores. This
-builds a scratch course (a copy of solutions/, nothing in the repository is touched), submits every lab's
-solution as one student, runs the same `lab_utils.grading.grade` that `dtlabs grade` runs (gradebook,
-autograde, CSV export, feedback) and prints each lab's autograde seconds, the total, and the score.
+Three measurements in one run, on scratch courses (a copy of solutions/; nothing in the repository is touched):
 
-    .venv/bin/python benchmarks/bench_grading.py [LAB ...]
+1. baseline: one student who submitted every lab, graded the way the course graded before split execution and
+   the sandbox (nbgrader's own Execute in the kernel, all submissions of a lab in one nbgrader run);
+2. sandboxed: the same student through `dtlabs grade` (a sandbox and scratch course per submission), and the
+   ratio to the baseline (target: at most 1.2);
+3. `--jobs 1` against `--jobs 2` for STUDENTS students (default 2), and the speed-up.
+
+    .venv/bin/python benchmarks/bench_grading.py [LAB ...] [--students N] [--skip-jobs]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -20,35 +24,72 @@ import nbformat
 
 from lab_utils import grading
 
-TARGET_S = 600.0
+TARGET_RATIO = 1.2
+
+
+def _course(root: Path, labs, students) -> None:
+    for lab in labs:
+        shutil.copytree(grading.REPO_ROOT / "solutions" / lab, root / "solutions" / lab)
+    grading.release(labs, root=root)
+    for lab in labs:
+        rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+        src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+        for s in students:
+            grading.submit(root, s, lab, grading.fill_solutions(rel, src))
+
+
+def _points(root, labs, student) -> str:
+    sc = [grading.cell_scores(root, lab, student) for lab in labs]
+    return f"{sum(s for d in sc for s, _ in d.values()):g}/{sum(m for d in sc for _, m in d.values()):g}"
+
+
+def baseline(labs) -> tuple[float, str]:
+    """The pre-sandbox path: per lab one `nbgrader autograde` with nbgrader's plain Execute."""
+    with tempfile.TemporaryDirectory(prefix="dtlabs-bench-base-") as tmp:
+        root = Path(tmp)
+        _course(root, labs, ["student"])
+        os.environ["DTLABS_BENCH_BASELINE"] = "1"
+        try:
+            start = time.monotonic()
+            for lab in labs:
+                grading.autograde(lab, course_root=root)
+            took = time.monotonic() - start
+        finally:
+            os.environ.pop("DTLABS_BENCH_BASELINE", None)
+        return took, _points(root, labs, "student")
+
+
+def sandboxed(labs, students, jobs) -> tuple[float, str]:
+    with tempfile.TemporaryDirectory(prefix="dtlabs-bench-grade-") as tmp:
+        root = Path(tmp)
+        _course(root, labs, students)
+        start = time.monotonic()
+        grading.grade(labs, course_root=root, jobs=jobs, feedback=False, out=lambda s: None, progress=False)
+        took = time.monotonic() - start
+        return took, " ".join(_points(root, labs, s) for s in students)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("labs", nargs="*", help="labs to grade (default: every lab in solutions/)")
+    ap.add_argument("--students", type=int, default=2, help="students for the --jobs comparison (default 2)")
+    ap.add_argument("--skip-jobs", action="store_true", help="only the baseline and one sandboxed student")
     args = ap.parse_args(argv)
     labs = args.labs or grading.discover_labs()
-    with tempfile.TemporaryDirectory(prefix="dtlabs-bench-grade-") as tmp:
-        root = Path(tmp)
-        for lab in labs:
-            shutil.copytree(grading.REPO_ROOT / "solutions" / lab, root / "solutions" / lab)
-        grading.release(labs, root=root)
-        for lab in labs:
-            rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
-            src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
-            grading.submit(root, "student", lab, grading.fill_solutions(rel, src))
-        lines = []
-        start = time.monotonic()
-        code = grading.grade(labs, course_root=root, out=lambda s: (lines.append(s), print(s, flush=True)))
-        total = time.monotonic() - start
-        scores = {lab: grading.cell_scores(root, lab, "student") for lab in labs}
-    earned = sum(s for sc in scores.values() for s, _ in sc.values())
-    possible = sum(m for sc in scores.values() for _, m in sc.values())
-    print(f"\none student, {len(labs)} lab(s): dtlabs grade took {total:.0f} s "
-          f"(autograde + export + feedback), score {earned:g}/{possible:g}")
-    if len(labs) == len(grading.discover_labs()):
-        print(f"  total / 10-minute target = {total / TARGET_S:.2f}  ({'met' if total <= TARGET_S else 'MISSED'})")
-    return code
+    print(f"labs: {' '.join(labs)}", flush=True)
+    base, base_pts = baseline(labs)
+    print(f"baseline (no split, no sandbox), one student: {base:.0f} s, {base_pts}", flush=True)
+    one, one_pts = sandboxed(labs, ["student"], jobs=1)
+    ratio = one / base
+    print(f"dtlabs grade (split + sandbox), one student:  {one:.0f} s, {one_pts}", flush=True)
+    print(f"  sandboxed / baseline = {ratio:.2f}  (target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'MISSED'})")
+    if not args.skip_jobs:
+        students = [f"s{i}" for i in range(args.students)]
+        j1, _ = sandboxed(labs, students, jobs=1)
+        j2, pts = sandboxed(labs, students, jobs=2)
+        print(f"{len(students)} students: --jobs 1 {j1:.0f} s, --jobs 2 {j2:.0f} s ({pts})")
+        print(f"  speed-up of --jobs 2 = {j1 / j2:.2f}x on {os.cpu_count()} cores")
+    return 0
 
 
 if __name__ == "__main__":

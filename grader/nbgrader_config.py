@@ -1,7 +1,7 @@
 """nbgrader configuration for the course: ``solutions/`` is the source, ``labs/`` the release.
 
 nbgrader 0.9 reads ``nbgrader_config.py`` only from the working directory or the Jupyter config path
-(``--config`` is ignored), so ``dtlabs`` (``lab_utils/grading.py``) runs nbgrader with
+(``--config`` is ignored), so ``dtlabs`` (``lab_utils/grading/``) runs nbgrader with
 ``JUPYTER_CONFIG_PATH=<repo>/grader`` and every command works from the repo root. To run plain ``nbgrader``
 yourself: ``JUPYTER_CONFIG_PATH=grader nbgrader <command> ...`` from the repo root.
 
@@ -42,17 +42,29 @@ c.Execute.execute_retries = 0
 # A submission for a student not yet in the gradebook is graded anyway (the student is created).
 c.Autograde.create_student = True
 
+# Split execution (lab_utils/grading/execute.py): the cells a student can write run in a sandboxed subject process,
+# the tests in the kernel nbgrader starts, which never executes student code. Same list as nbgrader's default with
+# SplitExecute in Execute's place.
 # Feedback must not show hidden tests: nbgrader's feedback HTML renders the autograded cells, hidden regions
-# included. HideHiddenTests (lab_utils/grading.py) strips them and redacts them from error output; being in
+# included. HideHiddenTests (lab_utils/grading/feedback.py) strips them and redacts them from error output; being in
 # the config, it applies to `nbgrader generate_feedback` and the formgrader alike.
 try:
-    from lab_utils.grading import HideHiddenTests
+    from lab_utils.grading.execute import SplitExecute
 except ImportError:  # run outside the course venv: find the package beside this folder
     import sys
 
     sys.path.insert(0, _REPO)
-    from lab_utils.grading import HideHiddenTests
-from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import GetGrades
+    from lab_utils.grading.execute import SplitExecute
+from lab_utils.grading.feedback import HideHiddenTests
+from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import (
+    AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
+)
 
+# DTLABS_BENCH_BASELINE=1 (benchmarks/bench_grading.py only) measures the old, unsafe path for comparison.
+if not os.environ.get("DTLABS_BENCH_BASELINE"):
+    c.Autograde.autograde_preprocessors = [
+        SplitExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades, AssignLatePenalties,
+        CheckCellMetadata,
+    ]
 c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]

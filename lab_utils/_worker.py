@@ -34,7 +34,7 @@ PR_SET_PDEATHSIG = 1
 # Imported right away (a cold launch waits for these) ...
 CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
 # ... then one at a time while the zygote is idle, so later launches of DDP/FSDP code start warm
-# (the first DDP() pulls in torch._dynamo, +2 s; FSDP launches took 11-24 s cold, design.md section 7).
+# (the first DDP() pulls in torch._dynamo, +2 s; FSDP launches took 11-24 s cold, ARCHITECTURE.md section 2).
 WARM_IMPORTS = [
     "torch.nn.parallel",
     "torch.distributed.algorithms.ddp_comm_hooks",

@@ -3,7 +3,8 @@
     dtlabs doctor                     is this machine ready? (torch, backends, GPUs, a 2-rank all-reduce)
     dtlabs release [LAB ...]          regenerate labs/ from solutions/ (nbgrader generate_assignment)
     dtlabs validate NOTEBOOK          student's pre-submission check; exit code 0 only if every test passes
-    dtlabs grade [--submissions DIR]  instructor batch: autograde -> grades CSV -> feedback (no hidden tests)
+    dtlabs grade [--submissions DIR]  instructor batch: sandboxed autograde (--jobs N) -> CSV -> feedback
+    dtlabs grade-one / merge          one submission into a results folder / results into the gradebook (Slurm)
     dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 
 def _doctor(args) -> int:
-    from lab_utils.env import doctor
+    from lab_utils.doctor import doctor
 
     return int(doctor())
 
@@ -48,12 +49,52 @@ def _grade(args) -> int:
         args.labs or None,
         submissions_dir=args.submissions,
         cell_timeout=args.timeout,
-        lab_timeout=args.lab_timeout,
+        submission_timeout=args.submission_timeout,
         force=args.force,
         feedback=not args.no_feedback,
         csv_path=args.csv,
         course_root=args.course_root,
+        jobs=args.jobs,
     )
+
+
+def _grade_one(args) -> int:
+    """One submission into a results folder (a Slurm array task); ``dtlabs merge`` brings them together."""
+    import json
+    from pathlib import Path
+
+    from lab_utils import grading
+
+    course = Path(args.course_root or grading.REPO_ROOT).resolve()
+    out = Path(args.out).resolve() / args.student / args.lab
+    out.mkdir(parents=True, exist_ok=True)
+    template = grading.prepare_template(course, args.lab, out / "template")
+    res = grading.grade_submission(course, args.lab, args.student, template, cell_timeout=args.timeout,
+                                   scratch=out / "scratch")
+    (out / "result.json").write_text(json.dumps({"lab": args.lab, "student": args.student, "graded": res.graded,
+                                                 "points": res.points, "reasons": res.reasons}))
+    got, possible = res.points
+    print(f"{args.student}/{args.lab}: " + (f"{got:g}/{possible:g}" if res.graded else "NOT GRADED") +
+          (f" - {'; '.join(res.reasons)}" if res.reasons else ""))
+    return 0 if res.graded else 1
+
+
+def _merge(args) -> int:
+    """Every ``grade-one`` result under the folders given, merged into the course's gradebook."""
+    import json
+    from pathlib import Path
+
+    from lab_utils import grading
+
+    course = Path(args.course_root or grading.REPO_ROOT).resolve()
+    bad = 0
+    for folder in args.results:
+        for result in sorted(Path(folder).glob("*/*/result.json")):
+            info = json.loads(result.read_text())
+            ok = info["graded"] and grading.merge(course, result.parent / "scratch", info["lab"], info["student"])
+            bad += not ok
+            print(f"{info['student']}/{info['lab']}: " + ("merged" if ok else "NOT GRADED: " + "; ".join(info["reasons"])))
+    return 1 if bad else 0
 
 
 def _bench(args) -> int:
@@ -90,13 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="submissions in nbgrader's layout DIR/<student>/<NN_topic>/<NN_topic>.ipynb "
                         "(copied into grader/work/submitted; default: grader/work/submitted as it is)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
-    s.add_argument("--lab-timeout", type=float, default=None,
-                   help="wall-clock limit for one lab's whole autograde run (default: none)")
-    s.add_argument("--force", action="store_true", help="regrade submissions that were already autograded")
+    s.add_argument("--submission-timeout", type=float, default=None,
+                   help="wall-clock limit for grading one submission (default 1800 s)")
+    s.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
+    s.add_argument("--force", action="store_true", help="regrade every submission, changed or not")
     s.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     s.add_argument("--csv", metavar="PATH", help="grades CSV (default grader/work/grades.csv)")
     s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)  # tests grade a scratch course
     s.set_defaults(func=_grade)
+
+    s = sub.add_parser("grade-one", help="grade one submission into a results folder (for Slurm job arrays)")
+    s.add_argument("lab", metavar="LAB")
+    s.add_argument("student", metavar="STUDENT")
+    s.add_argument("--out", required=True, metavar="DIR", help="results folder (then: dtlabs merge DIR)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)
+    s.set_defaults(func=_grade_one)
+
+    s = sub.add_parser("merge", help="merge grade-one results into the course gradebook")
+    s.add_argument("results", nargs="+", metavar="DIR")
+    s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)
+    s.set_defaults(func=_merge)
 
     s = sub.add_parser("bench", help="launcher benchmark: ratios against mp.spawn and notebook_launcher")
     s.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to benchmarks/bench_launch.py")

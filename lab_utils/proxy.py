@@ -1,13 +1,277 @@
 """The grader's side of split execution: student definitions seen across a process boundary.
 
-In a student's own JupyterLab nothing is split: ``run_as_student(fn, *args)`` simply calls ``fn(*args)``.
-Under grading (``dtlabs grade`` / ``dtlabs validate``) the cells a student can write run in a separate
-*subject* process, and ``run_as_student`` ships ``fn`` (a test's harness, defined in a test cell) there, runs
-it next to the student's live objects and returns its result as plain data.
+In a student's own JupyterLab nothing is split and ``run_as_student(fn, *args)`` simply calls ``fn(*args)``.
+Under grading (``dtlabs grade`` and ``dtlabs validate``, see ``lab_utils.grading.execute``) the kernel that runs
+the course's locked cells and tests (the *grader*) starts a *subject* process (``lab_utils.subject``) in the
+sandbox and sends it every cell a student can write. After each such cell the names it defined appear here
+as ``StudentProxy`` objects (or as their value, when it is plain data):
+
+- calling a proxy runs the student's function in the subject and returns plain data (``lab_utils.plaindata``);
+- a proxy captured by a harness that goes to ``launch``/``run_as_student`` travels as its *name* and becomes the
+  student's live object on the other side, so student code never runs here;
+- ``launch`` here runs the harness on ranks started by the subject's own launcher, inside the sandbox;
+- names the course's own cells bound (imports, checks, references, tests) are never replaced by a student's.
+
+Everything printed over there is streamed into the cell as it happens (subject stderr arrives as stdout: a
+stderr line would fail a graded cell), and figures arrive as PNG.
 """
 from __future__ import annotations
 
-__all__ = ["run_as_student"]
+import builtins
+import os
+import pickle
+import selectors
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lab_utils import _wire, plaindata
+
+__all__ = ["run_as_student", "StudentProxy", "StudentError", "session_active"]
+
+INTERRUPT_GRACE_S = 3.0
+_SESSION = None  # the active _Session in a grader kernel, else None
+
+
+class StudentError(RuntimeError):
+    """The student's code raised something that is not a built-in exception; the message says what."""
+
+
+class SubjectGone(RuntimeError):
+    """The student's process is no longer there (killed by a limit, crashed, or stopped after a timeout)."""
+
+
+def session_active() -> bool:
+    return _SESSION is not None
+
+
+def _remote_exception(reply: dict) -> BaseException:
+    """An exception for the grader to raise: the built-in type the student raised (ValueError stays ValueError,
+    so a test can expect it), or StudentError; its cell traceback is the student's own."""
+    ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
+    launch_info = reply.get("launch")
+    if launch_info is not None:
+        from lab_utils.launch import LaunchError, RankFailedError, RankTimeoutError
+
+        if ename == "RankTimeoutError":
+            exc = RankTimeoutError(evalue, launch_info.get("stuck_ranks", []), {})
+        elif ename == "RankFailedError":
+            exc = RankFailedError(evalue, launch_info.get("rank"))
+        else:
+            exc = LaunchError(evalue)
+    else:
+        cls = getattr(builtins, ename, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException) and cls not in (SystemExit, GeneratorExit):
+            try:
+                exc = cls(evalue)
+            except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError needs more arguments
+                exc = StudentError(f"{ename}: {evalue}")
+        else:
+            exc = StudentError(f"{ename}: {evalue}")
+    stb = [str(line) for line in reply.get("traceback") or []]
+    if stb:
+        exc._render_traceback_ = lambda: stb  # IPython shows these lines instead of the grader's frames
+    return exc
+
+
+class _Session:
+    """The subject process, its sandbox, and the request/reply loop that streams its output into the cell."""
+
+    def __init__(self, workdir: Path, limits=None, report_path: str | None = None):
+        from lab_utils import sandbox
+
+        self.report_path = report_path
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        env = {"DTLABS_SUBJECT_FD": str(child.fileno()), "DTLABS_SUBJECT": "1"}
+        argv = [sys.executable, "-m", "lab_utils.subject"]
+        self.box = sandbox.start(argv, workdir, env=env, pass_fds=(child.fileno(),), limits=limits, stdout=out_w)
+        os.close(out_w)
+        child.close()
+        self.out = os.fdopen(out_r, "rb", buffering=0)
+        os.set_blocking(out_r, False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.sock, selectors.EVENT_READ, "msg")
+        self.sel.register(self.out, selectors.EVENT_READ, "out")
+        self.gone_reason: str | None = None
+        self.mode = self.box.mode
+        ready = self._wait_reply(timeout=120, expect="ready")
+        self.pid = ready.get("pid")
+
+    # ---------------------------------------------------------------------------- low level
+    def _write_out(self, data: bytes) -> None:
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        sys.stdout.flush()
+
+    def _drain_output(self) -> None:
+        while True:
+            try:
+                data = self.out.read(1 << 16)
+            except (BlockingIOError, ValueError):
+                return
+            if not data:
+                return
+            self._write_out(data)
+
+    def _read_msg(self) -> dict | None:
+        data = _wire.read_frame(self.sock.fileno())
+        if data is None:
+            return None
+        return plaindata.decode(data)
+
+    def _dead(self) -> SubjectGone:
+        self._drain_output()
+        reason = self.box.reason or self.gone_reason
+        if not reason:
+            code = self.box.popen.poll()
+            reason = f"it exited with code {code}" if code is not None else "it stopped answering"
+        self.gone_reason = reason
+        self._report(reason)
+        return SubjectGone(f"the student's process is gone ({reason}); nothing the submission defined can run")
+
+    def _report(self, reason: str) -> None:
+        """Tell the grading batch why the sandbox stopped (it puts the reason on the student's grade line)."""
+        if self.report_path:
+            try:
+                with open(self.report_path, "a") as fh:
+                    fh.write(reason.replace("\n", " ") + "\n")
+            except OSError:
+                pass
+
+    def _wait_reply(self, timeout: float | None = None, expect: str = "reply",
+                    on_timeout: str = "no answer from the student's process in time") -> dict:
+        from IPython.display import publish_display_data
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.gone_reason:
+                raise self._dead()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left == 0.0:
+                self.box.kill(on_timeout)
+                raise self._dead()
+            events = self.sel.select(timeout=left if left is not None else 1.0)
+            if not events and self.box.popen.poll() is not None:
+                raise self._dead()
+            for key, _ in events:
+                if key.data == "out":
+                    try:
+                        data = self.out.read(1 << 16)
+                    except BlockingIOError:
+                        data = None
+                    if data:
+                        self._write_out(data)
+                    elif data == b"":  # EOF: the subject closed its output
+                        self.sel.unregister(self.out)
+                    continue
+                try:
+                    msg = self._read_msg()
+                except Exception as exc:  # noqa: BLE001 - a malformed answer ends the session
+                    self.box.kill(f"it sent something that is not plain data ({type(exc).__name__})")
+                    raise self._dead() from None
+                if msg is None:
+                    raise self._dead()
+                if msg.get("op") == "display":
+                    self._drain_output()
+                    data = {k: v for k, v in (msg.get("data") or {}).items()
+                            if k in ("text/plain", "image/png", "image/jpeg") and isinstance(v, str)}
+                    if data:
+                        publish_display_data(data)
+                    continue
+                if msg.get("op") == expect:
+                    self._drain_output()
+                    return msg
+
+    def request(self, msg: dict, timeout: float | None = None) -> dict:
+        if self.gone_reason:
+            raise self._dead()
+        try:
+            _wire.write_frame(self.sock.fileno(), pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            raise self._dead() from None
+        try:
+            return self._wait_reply(timeout)
+        except KeyboardInterrupt:
+            # the cell was interrupted (the stop button, or nbgrader's per-cell timeout): pass it on, and stop the
+            # student's process for good if it does not answer within the grace period
+            try:
+                _wire.write_frame(self.sock.fileno(), pickle.dumps({"op": "interrupt"}))
+                self._wait_reply(INTERRUPT_GRACE_S, on_timeout="it did not stop within "
+                                 f"{INTERRUPT_GRACE_S:g} s of an interrupt (a cell ran past its time limit)")
+            except (KeyboardInterrupt, SubjectGone, OSError):
+                self.box.kill("it did not stop after an interrupt (a cell ran past its time limit)")
+            raise
+
+    def value(self, reply: dict):
+        if not reply.get("ok"):
+            raise _remote_exception(reply)
+        return reply.get("value")
+
+    def stop(self) -> None:
+        try:
+            _wire.write_frame(self.sock.fileno(), pickle.dumps({"op": "stop"}))
+        except OSError:
+            pass
+        try:
+            self.box.popen.wait(timeout=2)
+        except Exception:  # noqa: BLE001
+            pass
+        self.box.close()
+        self.sel.close()
+        self.sock.close()
+        self.out.close()
+
+
+class StudentProxy:
+    """Stands in, in the grader, for a callable the student defined; see the module docstring."""
+
+    def __init__(self, name: str, kind: str, type_name: str):
+        self.__name__ = self.__qualname__ = name
+        self._kind = kind
+        self._type_name = type_name
+
+    def __call__(self, *args, **kwargs):
+        import cloudpickle
+
+        payload = cloudpickle.dumps((args, kwargs))
+        return _session().value(_session().request({"op": "call", "name": self.__name__, "payload": payload}))
+
+    def __reduce__(self):
+        from lab_utils import subject
+
+        return subject.resolve, (self.__name__,)
+
+    def __repr__(self):
+        return f"<student {self._kind} {self.__name__}>"
+
+    def __getattr__(self, attr):
+        raise AttributeError(
+            f"the test tried to use {self.__name__}.{attr}, but {self.__name__} is the student's {self._kind}, which "
+            "lives in the student's process: use it inside a harness run with run_as_student() or launch()")
+
+
+class StudentValue:
+    """A value a student cell bound that is not plain data: using it says why instead of failing obscurely."""
+
+    def __init__(self, name: str, type_name: str):
+        self.__name__ = name
+        self._type_name = type_name
+
+    def __getattr__(self, attr):
+        raise TypeError(f"{self.__name__} is a {self._type_name} in the student's process; the grader sees only "
+                        "plain data: use it inside a harness run with run_as_student() or launch()")
+
+    def __repr__(self):
+        return f"<student value {self.__name__}: {self._type_name}>"
+
+
+def _session() -> _Session:
+    if _SESSION is None:
+        raise RuntimeError("no student process: this is only available while grading")
+    return _SESSION
 
 
 def run_as_student(fn, *args, **kwargs):
@@ -16,5 +280,124 @@ def run_as_student(fn, *args, **kwargs):
     Use it in test cells for anything stateful with student objects (instantiate a student class, let a
     student function change a model in place): write a top-level harness that does the work and returns
     tensors, numbers, strings or lists/tuples/dicts of them, and take the verdict on what comes back.
+    Outside grading it is a plain call.
     """
-    return fn(*args, **kwargs)
+    if _SESSION is None:
+        return fn(*args, **kwargs)
+    import cloudpickle
+
+    payload = cloudpickle.dumps((fn, args, kwargs))
+    return _SESSION.value(_SESSION.request({"op": "run", "payload": payload}))
+
+
+def remote_launch(fn, world_size, backend, timeout, args, kwargs, *, debug=False, quiet=False):
+    """``launch`` under grading: the subject's launcher starts the ranks inside the sandbox."""
+    import cloudpickle
+
+    from lab_utils.launch import _validate
+
+    _validate(fn, world_size, timeout)
+    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    options = {"world_size": world_size, "backend": backend, "timeout": timeout, "debug": debug, "quiet": quiet}
+    reply = _session().request({"op": "launch", "payload": payload, "options": options})
+    if not reply.get("ok"):
+        exc = _remote_exception(reply)
+        raise exc.with_traceback(None) from None
+    return reply.get("value")
+
+
+# ------------------------------------------------------------------------------------------ the grader kernel
+_PROTECTED_EXTRA = {"In", "Out", "get_ipython", "exit", "quit"}
+
+
+def _bind_names(shell, names: dict) -> None:
+    """Bind what a student cell defined, unless the course's own cells own that name."""
+    ns = shell.user_ns
+    for name, info in names.items():
+        if name.startswith("_") or name in _PROTECTED_EXTRA or hasattr(builtins, name) or not name.isidentifier():
+            continue
+        current = ns.get(name, None)
+        if name in ns and not isinstance(current, (StudentProxy, StudentValue)) and name not in _STUDENT_VALUES:
+            continue  # a course name (import, check, reference, test helper): never replaced
+        if info.get("kind") in ("callable", "class"):
+            ns[name] = StudentProxy(name, info["kind"], info.get("type", "?"))
+            _STUDENT_VALUES.discard(name)
+        elif "plain" in info:
+            ns[name] = plaindata.decode(info["plain"])
+            _STUDENT_VALUES.add(name)
+        else:
+            ns[name] = StudentValue(name, info.get("type", "?"))
+            _STUDENT_VALUES.discard(name)
+
+
+_STUDENT_VALUES: set = set()  # names whose grader value is plain data that came from a student cell
+_SHARED_SOURCES: set = set()
+
+
+def _student_cell(line, cell):
+    """``%%student``: run this cell in the student's process (the grading executor adds it to answer cells)."""
+    from IPython import get_ipython
+
+    reply = _session().request({"op": "run_cell", "source": cell})
+    _bind_names(get_ipython(), reply.get("names") or {})
+    if not reply.get("ok"):
+        exc = _remote_exception(reply)
+        raise exc.with_traceback(None) from None
+
+
+def _before_cell(info) -> None:
+    """A course cell that student code also needs (imports, parameters, helpers) runs over there first."""
+    if _SESSION is None or info.raw_cell not in _SHARED_SOURCES:
+        return
+    reply = _SESSION.request({"op": "run_cell", "source": info.raw_cell, "quiet": True})
+    if not reply.get("ok"):
+        print(f"(in the student's process this cell failed: {reply.get('ename')}: {reply.get('evalue')})")
+
+
+def start_grading(shared_sources=(), workdir: str | None = None, report_path: str | None = None,
+                  memory_mb: int | None = None, max_procs: int | None = None) -> str:
+    """Called by the grading executor's first (hidden) cell in the grader kernel: start the subject, install
+    ``%%student`` and the shared-cell hook. Returns the sandbox mode."""
+    global _SESSION
+    from IPython import get_ipython
+
+    from lab_utils import sandbox
+
+    shell = get_ipython()
+    limits = sandbox.Limits()
+    if memory_mb:
+        limits.memory_mb = int(memory_mb)
+    if max_procs:
+        limits.max_procs = int(max_procs)
+    work = Path(tempfile.mkdtemp(prefix="dtlabs-subject-"))
+    if workdir:  # the submission's own files (data a student shipped), never its notebooks
+        import shutil
+
+        for item in Path(workdir).iterdir():
+            if item.suffix == ".ipynb" or item.name.startswith(".ipynb_checkpoints"):
+                continue
+            dest = work / item.name
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, dest)
+    _SHARED_SOURCES.clear()
+    _SHARED_SOURCES.update(shared_sources)
+    try:
+        _SESSION = _Session(work, limits, report_path)
+    except Exception as exc:
+        msg = f"sandbox could not start: {type(exc).__name__}: {exc}"
+        if report_path:
+            with open(report_path, "a") as fh:
+                fh.write(msg + "\n")
+        raise
+    shell.register_magic_function(_student_cell, magic_kind="cell", magic_name="student")
+    shell.events.register("pre_run_cell", _before_cell)
+    import atexit
+
+    atexit.register(stop_grading)
+    return _SESSION.mode
+
+
+def stop_grading() -> None:
+    global _SESSION
+    if _SESSION is not None:
+        s, _SESSION = _SESSION, None
+        s.stop()

@@ -8,7 +8,7 @@ What this module adds around torchrun, and why:
 - Output of every agent and its workers streams into the cell as ``[node i] ...``, printed from the calling
   thread (ipykernel routes output from background threads unreliably).
 - Nothing survives. torchrun starts each worker in its *own session*, so killing an agent's process group
-  does not reach its workers, and a worker of a timed-out cell keeps running (design.md section 7). Every
+  does not reach its workers, and a worker of a timed-out cell keeps running (ARCHITECTURE.md, section 2). Every
   agent gets a marker ``DTLABS_RUN_ID`` in its environment, which its workers inherit; on success, error,
   timeout or ``KeyboardInterrupt`` we SIGKILL each agent's process group, every descendant we saw, and every
   process of ours that carries the marker (found with psutil). Agents also get ``PR_SET_PDEATHSIG=SIGTERM``

@@ -15,7 +15,10 @@ import psutil
 import pytest
 from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB as LAB
 
+from known_wrong import known_wrong
+
 from lab_utils import cli, grading
+from lab_utils.grading.validate import _wrap_error
 
 
 def _notebooks(root):
@@ -47,11 +50,11 @@ def test_grade_batch_survives_broken_and_hanging_submissions(synthetic_course, t
     rel, src = _notebooks(root)
     inbox = tmp_path / "inbox"
     pidfile = tmp_path / "orphan.pid"
-    wrong = grading.known_wrong(LAB, root)[0]
+    wrong = known_wrong(LAB, root)[0]
     _write(inbox, "good", grading.fill_solutions(rel, src))
     _write(inbox, "stub", rel)
     _write(inbox, "wrong", grading.fill_solutions(rel, src, {wrong.replaces: wrong.source}))
-    # hangs where SIGINT is ignored, so the kernel interrupt does not help: only the per-cell timeout does
+    # hangs where SIGINT is ignored, so the interrupt does not help: the per-cell timeout ends the student's process
     _write(inbox, "hangs", grading.fill_solutions(rel, src, {
         "add": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(1)"}))
     leaky = grading.fill_solutions(rel, src)
@@ -72,6 +75,8 @@ def test_grade_batch_survives_broken_and_hanging_submissions(synthetic_course, t
     score = {s: float(r["score"]) for s, r in rows.items()}
     assert score["good"] == score["leaky"] == float(rows["good"]["max_score"]) == 3.0, score
     assert score["stub"] == score["hangs"] == score["broken"] == 0.0, score
+    hangs = next(line for line in out.splitlines() if "hangs/" in line)
+    assert "did not stop" in hangs, f"the zero must say why: {hangs}"
     assert score["wrong"] == 1.0, "ignores_sign fails only the hidden part of test_add (2 of 3 points)"
 
     # the process a submission left in its own session was reaped
@@ -81,8 +86,7 @@ def test_grade_batch_survives_broken_and_hanging_submissions(synthetic_course, t
     # feedback exists for every graded student and never shows hidden-test source
     feedback = root / "grader" / "work" / "feedback"
     pages = sorted(feedback.glob(f"*/{LAB}/{LAB}.html"))
-    # a kernel that ignores the interrupt is given up on by nbgrader (listed as NOT GRADED, scored 0 above)
-    assert {p.parts[-3] for p in pages} - {"hangs"} == {"good", "stub", "wrong", "leaky"}, out
+    assert {p.parts[-3] for p in pages} == {"good", "stub", "wrong", "leaky", "hangs"}, out
     for page in pages:
         html = page.read_text()
         assert "BEGIN HIDDEN TESTS" not in html and "add(-1, 1)" not in html, f"hidden test source in {page}"
@@ -163,8 +167,51 @@ def test_grade_with_nothing_submitted_says_so(tmp_path, capsys):
 def test_validate_wraps_long_failure_messages_instead_of_cutting_them():
     """nbgrader cuts error lines at 90 characters; the hint at the end of a tutor-style assertion must survive."""
     message = "AssertionError: " + "x" * 150 + " HINT-AT-THE-END: divide by the world size"
-    text = grading._wrap_error("\x1b[31m" + message + "\x1b[0m\n  short line", "    ", 90)
+    text = _wrap_error("\x1b[31m" + message + "\x1b[0m\n  short line", "    ", 90)
     lines = text.split("\n")
     assert all(len(line) <= 90 for line in lines), lines
     assert "HINT-AT-THE-END: divide by the world size" in " ".join(line.strip() for line in lines)
     assert "\x1b" not in text and lines[-1] == "      short line"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_rerun_grades_only_new_or_changed_submissions(synthetic_course, tmp_path, no_leaked_processes, capsys):
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    rel, src = _notebooks(root)
+    grading.submit(root, "ann", LAB, grading.fill_solutions(rel, src))
+    grading.submit(root, "bob", LAB, rel)
+    base = ["grade", LAB, "--course-root", str(root), "--no-feedback", "--jobs", "2"]
+    assert cli.main(base) == 0
+    assert grading.cell_scores(root, LAB, "bob")["test_add"][0] == 0.0
+    capsys.readouterr()
+
+    assert cli.main(base) == 0
+    assert "0 to grade (2 unchanged" in capsys.readouterr().out, "an unchanged class must not be graded again"
+
+    grading.submit(root, "bob", LAB, grading.fill_solutions(rel, src))  # bob resubmits a correct notebook
+    assert cli.main(base) == 0
+    out = capsys.readouterr().out
+    assert "1 to grade (1 unchanged" in out and "bob/" in out and "ann/" not in out, out
+    assert grading.cell_scores(root, LAB, "bob") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}, (
+        "a resubmission must replace the old grade, never keep it")
+
+    assert cli.main([*base, "--force"]) == 0
+    assert "2 to grade" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grade_one_and_merge_for_job_arrays(synthetic_course, tmp_path, no_leaked_processes, capsys):
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    rel, src = _notebooks(root)
+    grading.submit(root, "carol", LAB, grading.fill_solutions(rel, src))
+    results = tmp_path / "results"
+    assert cli.main(["grade-one", LAB, "carol", "--out", str(results), "--course-root", str(root)]) == 0
+    assert "carol/00_synthetic: 3/3" in capsys.readouterr().out
+    assert grading.cell_scores(root, LAB, "carol") == {}, "grade-one must not write the course's gradebook"
+    assert cli.main(["merge", str(results), "--course-root", str(root)]) == 0
+    assert grading.cell_scores(root, LAB, "carol") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
+    assert (root / "grader" / "work" / "autograded" / "carol" / LAB / f"{LAB}.ipynb").is_file()

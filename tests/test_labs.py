@@ -20,10 +20,11 @@ import pytest
 from conftest import LAB_POINTS, LAB_TIMINGS, TEST_TOKEN_VAR, assert_no_leftovers
 
 from lab_utils import grading
+from known_wrong import known_wrong
 
 REPO = grading.REPO_ROOT
 LABS = grading.discover_labs(REPO)
-WRONG = [(lab, kw.name) for lab in LABS for kw in grading.known_wrong(lab, REPO)]
+WRONG = [(lab, kw.name) for lab in LABS for kw in known_wrong(lab, REPO)]
 PARAMETERS = {"WORLD_SIZE": 2, "BACKEND": "gloo"}
 LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "1500"))
 # A known-wrong submission ends after the last cell it must lose points on: the cells after it cannot change
@@ -64,7 +65,7 @@ def test_lab_follows_the_authoring_contract(lab):
 
 @pytest.mark.parametrize("lab,name", WRONG)
 def test_known_wrong_submission_names_real_cells(lab, name):
-    kw = next(k for k in grading.known_wrong(lab, REPO) if k.name == name)
+    kw = next(k for k in known_wrong(lab, REPO) if k.name == name)
     nb = _source(lab)
     solutions = {_meta(c)["grade_id"] for c in nb.cells if _meta(c).get("solution")}
     tests = {_meta(c)["grade_id"] for c in nb.cells if _meta(c).get("grade") and _meta(c).get("points")}
@@ -127,7 +128,7 @@ class LabGrades:
 
     def __init__(self, lab, root):
         self.lab, self.root = lab, root
-        self.wrong = {kw.name: kw for kw in grading.known_wrong(lab, REPO)}
+        self.wrong = {kw.name: kw for kw in known_wrong(lab, REPO)}
         self.students = ["solution", "release"] + [f"wrong_{n}" for n in self.wrong]
         self.run = None
         self.scores = {}

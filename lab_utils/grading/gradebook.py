@@ -1,0 +1,90 @@
+"""Reading and writing nbgrader's gradebook: scores of a submission, and a sandboxed run's result merged in.
+
+Each submission is graded in its own scratch course (its own copy of the gradebook), so several can run at
+once and nothing a submission does reaches the course's gradebook. When the sandbox is gone, ``merge`` copies
+the scratch result into the course: the autograded notebook into ``autograded/`` and the scores into the
+gradebook through nbgrader's own API, which keeps the CSV export, feedback and the formgrader working as usual.
+"""
+from __future__ import annotations
+
+import csv
+import shutil
+import warnings
+from pathlib import Path
+
+from lab_utils.grading.course import WORK
+
+
+def db_url(course_root: Path | str) -> str:
+    return "sqlite:///" + str(Path(course_root).resolve() / WORK / "gradebook.db")
+
+
+def cell_scores(course_root: Path | str, lab: str, student: str) -> dict:
+    """grade_id -> (score, max_score) of every graded cell of one autograded submission ({} if none)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    out = {}
+    with Gradebook(db_url(course_root)) as gb:
+        try:
+            sub = gb.find_submission(lab, student)
+        except MissingEntry:
+            return {}
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                out[g.name] = (float(g.score or 0.0), float(g.max_score))
+    return out
+
+
+def register_students(course_root: Path | str, students) -> None:
+    """Every submitter gets a gradebook row, so the CSV lists even a submission nbgrader could not read."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(db_url(course_root)) as gb:
+        for s in students:
+            gb.update_or_create_student(s)
+
+
+def merge(course_root: Path | str, scratch_root: Path | str, lab: str, student: str) -> bool:
+    """Copy one graded submission from its scratch course into the course. False if it was never graded."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    course_root, scratch_root = Path(course_root).resolve(), Path(scratch_root).resolve()
+    src_dir = scratch_root / WORK / "autograded" / student / lab
+    with Gradebook(db_url(scratch_root)) as sgb:
+        try:
+            ssub = sgb.find_submission(lab, student)
+        except MissingEntry:
+            return False
+        grades = {(nb.name, g.name): (g.auto_score, g.needs_manual_grade) for nb in ssub.notebooks for g in nb.grades}
+        comments = {(nb.name, c.name): c.auto_comment for nb in ssub.notebooks for c in nb.comments}
+        timestamp = ssub.timestamp
+    dest_dir = course_root / WORK / "autograded" / student / lab
+    if dest_dir.exists():
+        shutil.rmtree(dest_dir)
+    if src_dir.is_dir():
+        shutil.copytree(src_dir, dest_dir)
+    with warnings.catch_warnings(), Gradebook(db_url(course_root)) as gb:
+        warnings.simplefilter("ignore")  # SQLAlchemy's autoflush notes while nbgrader replaces a submission
+        gb.update_or_create_student(student)
+        try:
+            gb.remove_submission(lab, student)  # a resubmission replaces the old grades, never silently keeps them
+            gb.db.commit()
+        except MissingEntry:
+            pass
+        gb.add_submission(lab, student, timestamp=timestamp)
+        for (nb_name, gid), (score, manual) in grades.items():
+            g = gb.find_grade(gid, nb_name, lab, student)
+            g.auto_score = score
+            g.needs_manual_grade = manual
+        for (nb_name, cid), text in comments.items():
+            try:
+                gb.find_comment(cid, nb_name, lab, student).auto_comment = text
+            except MissingEntry:
+                pass
+        gb.db.commit()
+    return True
+
+
+def read_grades_csv(path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))

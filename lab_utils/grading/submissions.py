@@ -1,0 +1,45 @@
+"""Building submissions from the source notebook: the solution as a student would type it, or one answer swapped.
+
+Used by the stress and mutation commands and by the tests (solution, release and known-wrong "students").
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from lab_utils.grading.course import SOLUTION_MARKERS, WORK
+
+
+def _nb(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def strip_solution_markers(source: str) -> str:
+    """The solution as a student would type it: the ``### BEGIN/END SOLUTION`` lines removed."""
+    return "\n".join(line for line in source.split("\n") if line.strip() not in SOLUTION_MARKERS)
+
+
+def solution_cells(source_nb) -> dict:
+    """grade_id -> the student-ready source of every solution cell of a solutions/ notebook."""
+    return {_nb(c)["grade_id"]: strip_solution_markers(c["source"]) for c in source_nb.cells if _nb(c).get("solution")}
+
+
+def fill_solutions(release_nb, source_nb, replace: dict | None = None):
+    """A submission: the release with every solution cell answered (``replace`` wins over the solution)."""
+    answers = {**solution_cells(source_nb), **(replace or {})}
+    nb = copy.deepcopy(release_nb)
+    for cell in nb.cells:
+        gid = _nb(cell).get("grade_id")
+        if _nb(cell).get("solution") and gid in answers:
+            cell["source"] = answers[gid]
+    return nb
+
+
+def submit(course_root: Path | str, student: str, lab: str, nb) -> Path:
+    """Place a notebook where nbgrader's autograde looks: submitted/<student>/<lab>/<lab>.ipynb."""
+    import nbformat
+
+    dest = Path(course_root) / WORK / "submitted" / student / lab / f"{lab}.ipynb"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(dest))
+    return dest

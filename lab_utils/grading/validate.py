@@ -1,0 +1,91 @@
+"""The student's pre-submission check: nbgrader's Validator with split execution and a real exit code.
+
+``nbgrader validate`` exits 0 even when tests fail; ``validate`` here returns 1. It executes the notebook the
+way grading does (``SplitExecute``: answers in a separate student process, tests in the kernel), so a student
+sees the same verdict the autograder will give, and prints failure messages whole (nbgrader cuts them at 90
+columns, which cuts off the tutor's hint at the end of our assertions).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from lab_utils.grading.course import GRADER_DIR
+from lab_utils.grading.nbgrader_run import TOKEN_VAR, reap
+
+
+def validate(notebook, *, cell_timeout=None, stream=None) -> int:
+    """The student's pre-submission check: nbgrader's Validator, printed as nbgrader prints it, with an exit
+    code (0: every test passes and no locked cell changed; 1: not so; 2: cannot run)."""
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
+    from nbgrader.validator import Validator
+    from traitlets import List
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from lab_utils.grading.execute import SplitExecute
+
+    path = Path(notebook)
+    if not path.is_file():
+        print(f"no such notebook: {path}", file=sys.stderr)
+        return 2
+    env_before = {k: os.environ.get(k) for k in ("DTLABS_CELL_TIMEOUT",)}
+    if cell_timeout is not None:
+        os.environ["DTLABS_CELL_TIMEOUT"] = str(int(cell_timeout))
+    try:
+        cfg = PyFileConfigLoader("nbgrader_config.py", path=str(GRADER_DIR)).load_config()
+    finally:
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    cfg.merge(Config({"Validator": {"ignore_checksums": False}}))
+
+    class _Validator(Validator):
+        preprocessors = List([CheckCellMetadata, ClearOutput, SplitExecute])
+
+        def validate(self, filename):
+            self.results = super().validate(filename)
+            return self.results
+
+        def _print_error(self, source, error):
+            # nbgrader cuts every line at `width` characters, which cuts off the tutor's message at the end of
+            # our assertions (what, where, by how much, the hint): wrap the error instead, keep the cut for code.
+            self.stream.write("\n" + "=" * self.width + "\n")
+            self.stream.write("The following cell failed:\n\n")
+            self.stream.write(self._indent(source) + "\n\n")
+            self.stream.write("The error was:\n\n")
+            self.stream.write(_wrap_error(error, self.indent, self.width) + "\n\n")
+
+    v = _Validator(config=cfg)
+    if stream is not None:
+        v.stream = stream
+    token = uuid.uuid4().hex
+    os.environ[TOKEN_VAR] = token
+    try:
+        v.validate_and_print(str(path))
+    except Exception as exc:  # noqa: BLE001 - a notebook nbgrader cannot read is a failed validation
+        print(f"cannot validate {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        os.environ.pop(TOKEN_VAR, None)
+        reap(token, grace_s=1.0)
+    res = getattr(v, "results", {})
+    return 1 if (res.get("type_changed") or res.get("changed") or res.get("failed")) else 0
+
+
+def _wrap_error(text: str, indent: str, width: int) -> str:
+    """Every line of ``text`` indented and wrapped (not cut) at ``width``; ANSI colours removed."""
+    import textwrap
+
+    from nbconvert.filters import strip_ansi
+
+    out = []
+    for line in strip_ansi(text).split("\n"):
+        lead = line[: len(line) - len(line.lstrip())]
+        out.extend(textwrap.wrap(line, width=width, initial_indent=indent, subsequent_indent=indent + lead + "  ",
+                                 break_on_hyphens=False, drop_whitespace=True) or [indent.rstrip()])
+    return "\n".join(out)

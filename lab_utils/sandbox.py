@@ -1,0 +1,236 @@
+"""The box a submission's code runs in while it is graded: bubblewrap when present, folder isolation otherwise.
+
+With ``bwrap`` (Debian package ``bubblewrap``) the subject sees a root built from read-only binds of the
+system, the Python installation, the course venv and the ``lab_utils`` package, plus its own throwaway
+folder; nothing else of the course (``solutions/``, ``grader/``, the gradebook, other students) exists there.
+It gets a private ``/tmp``, its own PID, network (loopback only), IPC and UTS namespaces, no capabilities, a
+scrubbed environment, and it dies with its parent; when its first process exits the kernel kills every
+process left in its PID namespace, however it was started.
+
+Without ``bwrap`` (a student's laptop, a machine where it cannot run) the same program runs with the
+throwaway folder as its home and working directory, the scrubbed environment, a private copy of
+``lab_utils`` first on its path and the same resource limits, and a warning says once what is weaker.
+
+Either way a watchdog enforces the submission's memory (total RSS of its processes) and process-count limits,
+and records why it stopped the box, so a grade can say "memory limit" instead of "dead kernel".
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from lab_utils import processes
+
+PKG_DIR = Path(__file__).resolve().parent
+# the variables a subject keeps; everything else (DTLABS_COURSE_ROOT, JUPYTER_*, tokens...) is dropped
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+            "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
+            "DTLABS_TEST_TOKEN", "DTLABS_GRADING_TOKEN")  # random markers the leak checks count processes by
+FALLBACK_WARNING = (
+    "dtlabs: bubblewrap (bwrap) is not available, so submissions run with folder isolation and resource limits "
+    "only: their code cannot change a grade, but it could read or write files of this machine that it finds by "
+    "absolute path. Install Debian's 'bubblewrap' for the full sandbox."
+)
+
+
+@dataclass
+class Limits:
+    """What one submission may use. ``memory_mb`` is the total RSS of all its processes."""
+
+    memory_mb: int = int(os.environ.get("DTLABS_MEMORY_MB", "8192"))
+    max_procs: int = int(os.environ.get("DTLABS_MAX_PROCS", "96"))
+    poll_s: float = 0.1
+
+
+@lru_cache(maxsize=1)
+def bwrap_path() -> str | None:
+    """The bwrap binary if it can actually build a sandbox here (it cannot in some containers)."""
+    if os.environ.get("DTLABS_SANDBOX", "auto") == "off":
+        return None
+    path = shutil.which("bwrap")
+    if not path:
+        return None
+    probe = [path, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--die-with-parent", "--proc", "/proc",
+             "--dev", "/dev", "true"]
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return path if ok else None
+
+
+def mode() -> str:
+    """'bwrap' or 'fallback'."""
+    return "bwrap" if bwrap_path() else "fallback"
+
+
+_warned = False
+
+
+def warn_fallback_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
+
+
+def _env(home: str, extra: dict) -> dict:
+    env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+    env.update(HOME=home, TMPDIR="/tmp", PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+               MPLBACKEND="module://matplotlib_inline.backend_inline", MPLCONFIGDIR=os.path.join(home, ".mpl"),
+               PYDEVD_DISABLE_FILE_VALIDATION="1",
+               # c10d warns on every connection that it cannot name the peer inside a fresh network namespace
+               TORCH_CPP_LOG_LEVEL="ERROR")
+    env.update(extra)
+    return env
+
+
+def _system_binds() -> list[str]:
+    """bwrap arguments for what a Python program with the course venv needs to see, read-only.
+
+    Merged-/usr systems have /bin, /lib... as symlinks into /usr: those become the same symlinks inside."""
+    args, seen = [], set()
+    for path in ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", sys.base_prefix, sys.prefix,
+                 str(PKG_DIR)):
+        if not os.path.lexists(path) or path in seen:
+            continue
+        seen.add(path)
+        if os.path.islink(path) and path.count("/") == 1:
+            args += ["--symlink", os.readlink(path), path]
+        else:
+            real = os.path.realpath(path)
+            args += ["--ro-bind", real, real]
+            if real != path:
+                args += ["--symlink", real, path]
+    return args
+
+
+def _prepare_home(home: Path) -> None:
+    """Matplotlib's font cache copied in, so every submission does not rebuild it (seconds each)."""
+    try:
+        import matplotlib
+
+        cache = Path(matplotlib.get_cachedir())
+        dest = home / ".mpl"
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in cache.glob("fontlist-*.json"):
+            shutil.copy2(f, dest / f.name)
+    except Exception:  # noqa: BLE001 - only a speed-up
+        pass
+
+
+def command(argv: list[str], workdir: Path, env: dict) -> tuple[list[str], dict, str | None]:
+    """(argv to run, environment, cwd) for ``argv`` boxed with bwrap, or prepared for the fallback."""
+    workdir = Path(workdir).resolve()
+    _prepare_home(workdir)
+    bwrap = bwrap_path()
+    if bwrap:
+        inside = "/submission"
+        cmd = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+               "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
+               "--clearenv"]
+        cmd += _system_binds()
+        cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), inside,
+                "--chdir", inside]
+        for k, v in _env(inside, env).items():
+            cmd += ["--setenv", k, v]
+        return cmd + ["--"] + argv, {}, None
+    warn_fallback_once()
+    # a private copy of lab_utils first on the path: lab_utils.__file__ then leads nowhere near the course
+    private = workdir / ".dtlabs_pkg"
+    shutil.copytree(PKG_DIR, private / "lab_utils", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    return argv, _env(str(workdir), {**env, "PYTHONPATH": str(private)}), str(workdir)
+
+
+def _limit_resources(memory_mb: int) -> None:  # runs in the child between fork and exec
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    cap = memory_mb * 4 << 20  # address space per process: generous (torch reserves far more than it touches)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    except (ValueError, OSError):
+        pass
+
+
+@dataclass
+class Box:
+    """A running sandboxed program, its watchdog, and why it was stopped (if it was)."""
+
+    popen: subprocess.Popen
+    mode: str
+    limits: Limits
+    reason: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def members(self) -> list:
+        return processes.tree(self.popen.pid, include_orphans=self.mode == "fallback")
+
+    def _watch(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self.limits.poll_s):
+            if self.popen.poll() is not None:
+                return
+            procs = self.members()
+            if len(procs) > self.limits.max_procs:
+                self.kill(f"process limit: the submission started more than {self.limits.max_procs} processes")
+                return
+            rss = 0
+            for p in procs:
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            if rss > self.limits.memory_mb << 20:
+                self.kill(f"memory limit: the submission's processes used {rss >> 20} MB "
+                          f"(limit {self.limits.memory_mb} MB)")
+                return
+
+    def kill(self, reason: str | None = None) -> None:
+        if reason and not self.reason:
+            self.reason = reason
+        processes.kill_tree(self.popen.pid, include_orphans=self.mode == "fallback")
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.kill()
+
+
+def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(), limits: Limits | None = None,
+          stdout=None) -> Box:
+    """Start ``argv`` in a sandbox around ``workdir``; returns the running ``Box`` with its watchdog."""
+    limits = limits or Limits()
+    cmd, full_env, cwd = command(argv, workdir, env or {})
+    box_mode = "bwrap" if bwrap_path() else "fallback"
+    if box_mode == "fallback":
+        processes.become_subreaper()  # orphans of the submission come back to us, so they can be found
+    popen = subprocess.Popen(
+        cmd, env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), stdin=subprocess.DEVNULL, stdout=stdout,
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: _limit_resources(limits.memory_mb),
+    )
+    box = Box(popen, box_mode, limits)
+    threading.Thread(target=box._watch, daemon=True, name="dtlabs-sandbox-watchdog").start()
+    return box
+
+
+def wait_gone(box: Box, timeout: float = 5.0) -> bool:
+    """True once no process of the box is left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if box.popen.poll() is not None and not box.members():
+            return True
+        time.sleep(0.05)
+    return False
