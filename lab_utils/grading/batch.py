@@ -1,8 +1,8 @@
 """``dtlabs grade``: every submission graded in its own sandbox and scratch course, N at a time, then merged.
 
 Per lab: the course's gradebook records the assignment (``generate_assignment`` into a scratch release folder,
-so ``labs/`` is untouched) and a *template* scratch course is made once. Per submission: a private scratch
-course (mode 0700, outside the course) gets a copy of the template's gradebook and of the submission alone,
+so ``labs/`` is untouched) and is snapshotted once. Per submission: a private scratch course (mode 0700,
+outside the course) gets a copy of that snapshot and of the submission alone,
 and ``nbgrader autograde --student S`` runs there; its kernel starts the submission's code in the sandbox
 (``lab_utils.sandbox``). When that run is over (sandbox gone), ``gradebook.merge`` copies the result into the
 course; only this process writes the course's gradebook. Then CSV export and feedback, as nbgrader does them.
@@ -53,7 +53,8 @@ class Result:
 
 
 def prepare_template(course_root: Path, lab: str, dest: Path) -> Path:
-    """A scratch course whose gradebook holds ``lab``'s cells (hidden tests included), copied per submission."""
+    """A scratch course whose gradebook holds ``lab``'s cells (hidden tests included), for ``grade-one``, which must
+    not write the course's gradebook (``grade`` snapshots the course's own instead)."""
     shutil.copytree(course_root / "solutions" / lab, dest / "solutions" / lab)
     run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
                        course_root=dest, timeout=300)
@@ -263,10 +264,11 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         skipped = len(students) - len(fresh)
         out(f"== {lab}: {len(students)} submission(s), {len(fresh)} to grade" + (
             f" ({skipped} unchanged since last graded; --force regrades them)" if skipped else ""))
-        if fresh:
+        if fresh:  # the course's gradebook now holds the lab: a snapshot of it is every submission's template
             tdir = Path(tempfile.mkdtemp(prefix=f"dtlabs-template-{lab}-"))
             scratch_dirs.append(tdir)
-            prepare_template(course_root, lab, tdir)
+            (tdir / WORK).mkdir(parents=True)
+            shutil.copy2(course_root / WORK / "gradebook.db", tdir / WORK / "gradebook.db")
             todo += [(lab, student, digest, tdir) for student, digest in fresh]
 
     per_submission = submission_timeout or lab_timeout or DEFAULT_SUBMISSION_TIMEOUT_S
