@@ -10,7 +10,7 @@
 | gradebook      | scores in, scores out; a scratch result merged into the course's gradebook           |
 | feedback       | feedback HTML without hidden tests                                                   |
 | validate       | the student's pre-submission check, with an exit code                                |
-| submissions    | submissions built from the source (solution filled in, one answer swapped)          |
+| build          | submissions built from the source (solution filled in, one answer swapped)          |
 """
 from lab_utils.grading.batch import autograde, grade, grade_submission, prepare_template
 from lab_utils.grading.course import (
@@ -19,7 +19,7 @@ from lab_utils.grading.course import (
 from lab_utils.grading.gradebook import cell_scores, merge, read_grades_csv, register_students
 from lab_utils.grading.nbgrader_run import TOKEN_VAR, NbgraderRun, nbgrader_env, processes_with_token, reap, run_nbgrader
 from lab_utils.grading.release import notebook_problems, release
-from lab_utils.grading.submissions import fill_solutions, solution_cells, strip_solution_markers, submit
+from lab_utils.grading.build import fill_solutions, solution_cells, strip_solution_markers, submit
 from lab_utils.grading.validate import validate
 
 
