@@ -43,6 +43,8 @@ WARM_IMPORTS = [
     "torch.distributed.optim",
     "torch.distributed.checkpoint",
     "torch.profiler",
+    "torch.distributed.device_mesh",  # Lab 07's meshes and tensor parallel: the first DTensor launch is 4 s cold
+    "torch.distributed.tensor.parallel",
     "torch.utils.data",
     "torch.optim",
     "numpy",
