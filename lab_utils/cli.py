@@ -6,6 +6,7 @@
     dtlabs grade [--submissions DIR]  instructor batch: sandboxed autograde (--jobs N) -> CSV -> feedback
     dtlabs grade-one / merge          one submission into a results folder / results into the gradebook (Slurm)
     dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
+    dtlabs mutate LAB                 mutation testing of a lab's tests (survivors, kill rate; --min-kill)
 """
 from __future__ import annotations
 
@@ -107,6 +108,13 @@ def _bench(args) -> int:
     return subprocess.call([sys.executable, str(script), *args.bench_args])
 
 
+def _mutate(args) -> int:
+    from lab_utils import mutate
+
+    return mutate.main(args.lab, n=args.n or None, seed=args.seed, min_kill=args.min_kill, cell_timeout=args.timeout,
+                       timeout=args.lab_timeout, list_only=args.list)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dtlabs", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,6 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="launcher benchmark: ratios against mp.spawn and notebook_launcher")
     s.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to benchmarks/bench_launch.py")
     s.set_defaults(func=_bench)
+
+    s = sub.add_parser("mutate", help="grade single-change mutants of a lab's solutions; survivors and kill rate")
+    s.add_argument("lab", metavar="LAB", help="assignment id such as 04_mixed_precision")
+    s.add_argument("--n", type=int, default=20, help="mutants to sample and grade (default 20; 0: all)")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    s.add_argument("--min-kill", type=float, default=0.9, help="exit 1 below this kill rate (default 0.9)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--lab-timeout", type=float, default=None, help="wall-clock limit for the autograde run")
+    s.add_argument("--list", action="store_true", help="list the sampled mutants, grade nothing")
+    s.set_defaults(func=_mutate)
     return p
 
 

@@ -6,7 +6,9 @@ Computing 20, 1994), the one Thakur, Rabenseifner & Gropp use to choose MPICH's 
 ("Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1), 2005). The reduction
 arithmetic (their ``gamma`` term) is left out: next to the network it is small.
 
-All functions are pure: seconds, bytes and seconds-per-byte in, seconds (or a fraction) out.
+All functions are pure: seconds, bytes and seconds-per-byte in, seconds (or a fraction) out. The two
+all-reduce formulas take ``(n_bytes, world_size, alpha, beta)``, the order Lab 05's exercise uses, and the tree
+counts ``ceil(log2 p)`` rounds (a binomial tree cannot run a fraction of a round), as Lab 05 and Lab 06 teach.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ __all__ = [
 ]
 
 
-def _check(world_size, n_bytes, alpha, beta):
+def _check(n_bytes, world_size, alpha, beta):
     if isinstance(world_size, bool) or int(world_size) != world_size or world_size < 1:
         raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
     for name, value in (("n_bytes", n_bytes), ("alpha", alpha), ("beta", beta)):
@@ -30,7 +32,7 @@ def _check(world_size, n_bytes, alpha, beta):
     return int(world_size)
 
 
-def ring_allreduce_time(world_size: int, n_bytes: float, alpha: float, beta: float) -> float:
+def ring_allreduce_time(n_bytes: float, world_size: int, alpha: float, beta: float) -> float:
     """Ring all-reduce: ``2(p-1) alpha + 2(p-1)/p * n * beta``.
 
     A reduce-scatter then an all-gather, each ``p-1`` steps in which every rank sends one ``n/p`` chunk to
@@ -38,19 +40,19 @@ def ring_allreduce_time(world_size: int, n_bytes: float, alpha: float, beta: flo
     JPDC 69(2), 2009). The bandwidth term tends to ``2 n beta`` however many ranks there are, which is why
     NCCL and gloo use rings for large gradients; the latency term grows linearly with ``p``.
     """
-    p = _check(world_size, n_bytes, alpha, beta)
+    p = _check(n_bytes, world_size, alpha, beta)
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
 
 
-def tree_allreduce_time(world_size: int, n_bytes: float, alpha: float, beta: float) -> float:
+def tree_allreduce_time(n_bytes: float, world_size: int, alpha: float, beta: float) -> float:
     """Tree all-reduce (reduce to a root, then broadcast back): ``2 ceil(log2 p) (alpha + n * beta)``.
 
     Each phase takes ``ceil(log2 p)`` rounds of a binomial tree and every round moves the whole message
     (Thakur, Rabenseifner & Gropp 2005, section 4). Few messages, so it wins on small messages and many
-    ranks; but the full message crosses the network ``2 log2 p`` times, so rings win on big gradients.
+    ranks; but the full message crosses the network ``2 ceil(log2 p)`` times, so rings win on big gradients.
     (Pipelined trees, e.g. NCCL's double binary trees, cut the bandwidth term; this is the plain version.)
     """
-    p = _check(world_size, n_bytes, alpha, beta)
+    p = _check(n_bytes, world_size, alpha, beta)
     rounds = math.ceil(math.log2(p)) if p > 1 else 0
     return 2 * rounds * (alpha + n_bytes * beta)
 
@@ -61,7 +63,7 @@ def tree_beats_ring_below(world_size: int, alpha: float, beta: float) -> float:
     Setting the two formulas equal: ``n* = alpha (p - 1 - L) / (beta (L - (p - 1)/p))`` with
     ``L = ceil(log2 p)``. For ``p = 2`` both send one message each way and the ring never loses.
     """
-    p = _check(world_size, 0, alpha, beta)
+    p = _check(0, world_size, alpha, beta)
     rounds = math.ceil(math.log2(p)) if p > 1 else 0
     extra_latency = (p - 1) - rounds  # how many more alpha's the ring pays (per phase)
     extra_bandwidth = rounds - (p - 1) / p  # how many more n*beta's the tree pays (per phase)

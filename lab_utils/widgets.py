@@ -22,8 +22,8 @@ RING, TREE = "#1f77b4", "#ff7f0e"
 
 
 def _times(p, n_bytes, alpha, beta):
-    return (costmodel.ring_allreduce_time(p, n_bytes, alpha, beta),
-            costmodel.tree_allreduce_time(p, n_bytes, alpha, beta))
+    return (costmodel.ring_allreduce_time(n_bytes, p, alpha, beta),
+            costmodel.tree_allreduce_time(n_bytes, p, alpha, beta))
 
 
 def render_allreduce(world_size=16, message_mb=100.0, bandwidth_gbs=10.0, latency_us=20.0, compute_ms=100.0,

@@ -14,34 +14,41 @@ ALPHA, BETA = 10e-6, 1e-9  # 10 µs, 1 GB/s
 def test_ring_allreduce_matches_two_p_minus_one_messages_of_n_over_p(p):
     n = 8e6
     expected = 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA
-    assert costmodel.ring_allreduce_time(p, n, ALPHA, BETA) == pytest.approx(expected)
+    assert costmodel.ring_allreduce_time(n, p, ALPHA, BETA) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("p, rounds", [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4), (1024, 10)])
 def test_tree_allreduce_pays_two_ceil_log2_p_whole_messages(p, rounds):
     n = 1e6
-    assert costmodel.tree_allreduce_time(p, n, ALPHA, BETA) == pytest.approx(2 * rounds * (ALPHA + n * BETA))
+    assert costmodel.tree_allreduce_time(n, p, ALPHA, BETA) == pytest.approx(2 * rounds * (ALPHA + n * BETA))
+
+
+def test_both_formulas_take_bytes_first_then_ranks_as_lab_05_does():
+    # (n_bytes, world_size, alpha, beta): the order of Lab 05's student contract; the tree rounds log2 p up
+    assert costmodel.ring_allreduce_time(n_bytes=1e6, world_size=4, alpha=1e-5, beta=1e-9) == pytest.approx(
+        2 * 3 * 1e-5 + 2 * 3 / 4 * 1e6 * 1e-9)
+    assert costmodel.tree_allreduce_time(1e6, 6, 3e-6, 2e-10) == pytest.approx(2 * 3 * (3e-6 + 1e6 * 2e-10))
 
 
 def test_one_rank_costs_nothing():
-    assert costmodel.ring_allreduce_time(1, 1e9, ALPHA, BETA) == 0.0
-    assert costmodel.tree_allreduce_time(1, 1e9, ALPHA, BETA) == 0.0
+    assert costmodel.ring_allreduce_time(1e9, 1, ALPHA, BETA) == 0.0
+    assert costmodel.tree_allreduce_time(1e9, 1, ALPHA, BETA) == 0.0
 
 
 def test_ring_bandwidth_term_approaches_two_n_beta_and_tree_grows_with_log_p():
     n = 1e9
-    assert costmodel.ring_allreduce_time(4096, n, 0.0, BETA) == pytest.approx(2 * n * BETA, rel=1e-3)
-    assert costmodel.tree_allreduce_time(4096, n, 0.0, BETA) == pytest.approx(24 * n * BETA)
+    assert costmodel.ring_allreduce_time(n, 4096, 0.0, BETA) == pytest.approx(2 * n * BETA, rel=1e-3)
+    assert costmodel.tree_allreduce_time(n, 4096, 0.0, BETA) == pytest.approx(24 * n * BETA)
 
 
 @pytest.mark.parametrize("p", [4, 8, 16, 64, 512])
 def test_crossover_is_where_ring_and_tree_cost_the_same(p):
     n_star = costmodel.tree_beats_ring_below(p, ALPHA, BETA)
     assert n_star > 0
-    ring, tree = costmodel.ring_allreduce_time(p, n_star, ALPHA, BETA), costmodel.tree_allreduce_time(p, n_star, ALPHA, BETA)
+    ring, tree = costmodel.ring_allreduce_time(n_star, p, ALPHA, BETA), costmodel.tree_allreduce_time(n_star, p, ALPHA, BETA)
     assert ring == pytest.approx(tree)
-    assert costmodel.tree_allreduce_time(p, n_star / 2, ALPHA, BETA) < costmodel.ring_allreduce_time(p, n_star / 2, ALPHA, BETA)
-    assert costmodel.tree_allreduce_time(p, n_star * 2, ALPHA, BETA) > costmodel.ring_allreduce_time(p, n_star * 2, ALPHA, BETA)
+    assert costmodel.tree_allreduce_time(n_star / 2, p, ALPHA, BETA) < costmodel.ring_allreduce_time(n_star / 2, p, ALPHA, BETA)
+    assert costmodel.tree_allreduce_time(n_star * 2, p, ALPHA, BETA) > costmodel.ring_allreduce_time(n_star * 2, p, ALPHA, BETA)
 
 
 @pytest.mark.parametrize("p", [1, 2, 3])
@@ -84,7 +91,7 @@ def test_explorer_renders_a_png_and_its_numbers_headlessly():
     png, s = render_allreduce(world_size=512, message_mb=0.01, bandwidth_gbs=10, latency_us=20, compute_ms=100)
     assert png.startswith(b"\x89PNG")
     assert s["winner"] == "tree" and s["tree_s"] < s["ring_s"]
-    assert s["ring_s"] == pytest.approx(costmodel.ring_allreduce_time(512, 1e4, 20e-6, 1e-10))
+    assert s["ring_s"] == pytest.approx(costmodel.ring_allreduce_time(1e4, 512, 20e-6, 1e-10))
 
 
 def test_explorer_widget_builds_headlessly_and_follows_its_sliders():
