@@ -611,7 +611,7 @@ def _explain_crash(root, digest, others):
     if digest["what"]:
         lines.append(f"It aborted inside {op}: {_describe_what(digest['what'])}.")
     else:
-        lines.append(f"It died inside {op} ({digest['fatal']}).")
+        lines.append(f"It died ({digest['fatal']})" + (f" inside {op}." if digest["op"] else "."))
     for rk in others:
         d = _crash_digest(rk.stderr_tail)
         if d and d["what"]:
@@ -619,15 +619,14 @@ def _explain_crash(root, digest, others):
             lines.append(f"Rank {rk.rank} aborted too {where}: {_describe_what(d['what'])}.")
     if digest["stack"]:
         lines.append(f"Where rank {root.rank} was (innermost call first):\n{digest['stack']}")
-    sized = any(_GLOO_SIZES.search(d) for d in [digest["what"]])
-    if sized or (digest["op"] in ("send", "recv", "isend", "irecv")):
+    if _GLOO_SIZES.search(digest["what"]) or digest["op"] in ("send", "recv", "isend", "irecv"):
         lines.append(
             "Every send must be matched by a recv of the same size on the rank it names, and the other way round: "
             "the ranks disagree on who sends which tensor to whom (in a ring, rank r sends to (r + 1) % N and "
             "receives from (r - 1) % N; on 2 ranks both neighbours are the same rank, so a swapped pair only shows "
             "from 3 ranks on)."
         )
-    else:
+    elif digest["op"]:
         lines.append("Every rank must make the same collective calls, in the same order, with tensors of the same "
                      "size: launch(..., debug=True) checks that and names the first difference.")
     return "\n".join(lines)

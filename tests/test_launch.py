@@ -310,3 +310,23 @@ def test_debug_mode_names_mismatched_collectives_cleanly():
     msg = str(info.value)
     assert "collective mismatch" in msg and "all_reduce" in msg and " reduce" in msg, msg
     assert not re.search(r"\Svs ", msg) and "ALLREDUCE" not in msg and "CollectiveFingerPrint" not in msg, msg
+
+
+def test_a_segfault_is_summarised_with_the_line_not_dumped(capsys):
+    def rank1_segfaults():
+        import os
+        import signal
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)  # stands in for a crash in C++ code
+        return 0
+
+    with pytest.raises(RankFailedError) as info:
+        launch(rank1_segfaults, world_size=2, timeout=60, quiet=True)
+    msg = str(info.value)
+    assert info.value.rank == 1 and "Segmentation fault" in msg, msg
+    assert "os.kill(os.getpid(), signal.SIGSEGV)" in msg, msg
+    _, err = capsys.readouterr()
+    assert "Thread 0x" not in msg and "Thread 0x" not in err and "Fatal Python error" not in err, (msg, err)
