@@ -195,6 +195,7 @@ class _Rank:
     error: dict | None = None
     exit_code: int | None = None
     stderr_tail: list = field(default_factory=list)
+    crashing: bool = False  # its stderr turned into a C++/faulthandler crash dump: summarised, not streamed
 
 
 def _validate(fn, world_size, timeout):
@@ -426,7 +427,11 @@ def _handle(ev, ranks, cloudpickle):
     if kind == "line":
         _, _, stream, text = ev
         if stream == "stderr":
-            rk.stderr_tail = (rk.stderr_tail + [text])[-40:]
+            rk.stderr_tail = (rk.stderr_tail + [text])[-STDERR_TAIL_LINES:]
+            if not rk.crashing and _CRASH_START.match(text):
+                rk.crashing = True  # the rest is a C++ message and a thread dump: the error summarises it
+            if rk.crashing:
+                return
         print(f"[rank {rank}] {text}", file=sys.stderr if stream == "stderr" else sys.stdout)
     elif kind == "result":
         data = ev[2]
@@ -454,6 +459,7 @@ def _signal_name(code):
 
 def _failure_error(ranks):
     crashed = [rk for rk in ranks if rk.status == "exited"]
+    crashed.sort(key=lambda rk: not _crash_digest(rk.stderr_tail))  # a rank whose dump we can read first
     by_signal = [rk for rk in crashed if rk.exit_code is not None and rk.exit_code < 0]
     errors = sorted((rk for rk in ranks if rk.status == "error"), key=lambda rk: rk.error["time"])
     others = lambda root: ", ".join(  # noqa: E731
@@ -461,18 +467,23 @@ def _failure_error(ranks):
     )
     if crashed:  # died without a result (a signal, os._exit): its peers' errors are only symptoms
         root = (by_signal or crashed)[0]
-        how = (
-            f"was killed by {_signal_name(root.exit_code)}"
-            if root.exit_code is not None and root.exit_code < 0
-            else f"exited with code {root.exit_code} before returning a result"
-        )
-        tail = "\n".join(root.stderr_tail[-20:])
+        digest = _crash_digest(root.stderr_tail)
+        if root.exit_code is not None and root.exit_code < 0:
+            how = f"was killed by {_signal_name(root.exit_code)}"
+        elif root.exit_code is None and digest:
+            how = f"crashed ({digest['fatal'].lower()})"
+        else:
+            how = f"exited with code {root.exit_code} before returning a result"
         msg = f"rank {root.rank} {how} ({others(root)})."
+        if digest:
+            msg += "\n" + _explain_crash(root, digest, [rk for rk in crashed if rk is not root])
+            return RankFailedError(msg, rank=root.rank, remote_traceback=digest["stack"])
+        tail = "\n".join(root.stderr_tail[-20:])
         if tail:
             msg += f"\nLast stderr of rank {root.rank}:\n{tail}"
         return RankFailedError(msg, rank=root.rank, remote_traceback=tail)
     root = errors[0]
-    err = root.error
+    err = dict(root.error, message=_clean_message(root.error["message"]))
     tb = _format_remote_traceback(err)
     exc = None
     if err.get("pickled"):
@@ -487,6 +498,146 @@ def _failure_error(ranks):
         f"Remote traceback of rank {root.rank}:\n{tb}"
     )
     return RankFailedError(msg, rank=root.rank, exc_type=err["type"], remote_traceback=tb, exception=exc)
+
+
+STDERR_TAIL_LINES = 300
+# How a rank's stderr turns into a crash dump: an uncaught C++ exception (gloo's size checks) or a fatal signal.
+_CRASH_START = re.compile(r"terminate called after throwing|Fatal Python error: ")
+_ENFORCE_PREFIX = re.compile(r"\[enforce fail at [^\]]*\]\s*")
+_GLOO_SIZES = re.compile(r"op\.preamble\.length <= op\.nbytes\.\s*(\d+) vs (\d+)\.?\s*")
+_DUMP_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_OP_NAMES = {
+    "ALLREDUCE": "all_reduce", "ALLREDUCE_COALESCED": "all_reduce_coalesced", "BROADCAST": "broadcast",
+    "BARRIER": "barrier", "REDUCE": "reduce", "ALLGATHER": "all_gather", "_ALLGATHER_BASE": "all_gather_into_tensor",
+    "ALLGATHER_COALESCED": "all_gather_coalesced", "GATHER": "gather", "SCATTER": "scatter",
+    "REDUCE_SCATTER": "reduce_scatter", "_REDUCE_SCATTER_BASE": "reduce_scatter_tensor",
+    "ALLTOALL": "all_to_all", "ALLTOALL_BASE": "all_to_all_single", "SEND": "send", "RECV": "recv",
+    "RECVANYSOURCE": "recv (any source)", "MONITORED_BARRIER": "monitored_barrier",
+}
+_FINGERPRINT = re.compile(
+    r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq>\d+),?\s*"
+    r"OpType=(?P<op>\w+)(?:, TensorShape=\[(?P<shape>[^\]]*)\])?(?:, TensorDtypes=(?P<dtype>\w+))?"
+)
+
+
+def _op_name(op: str) -> str:
+    return _OP_NAMES.get(op, op.lower())
+
+
+def _clean_message(message: str) -> str:
+    """torch's collective-mismatch report (debug=True), rewritten to read cleanly; other messages unchanged.
+
+    torch prints e.g. ``CollectiveFingerPrint(SequenceNumber=0OpType=BARRIER) ... Op type: BARRIERvs GATHER``.
+    """
+    if "Detected mismatch between collectives on ranks" not in message:
+        return message
+    calls = []
+    for m in _FINGERPRINT.finditer(message):
+        call = f"rank {m['rank']} called {_op_name(m['op'])} (its collective #{int(m['seq']) + 1})"
+        if m["shape"] is not None:
+            call += f" on a tensor of shape [{m['shape']}]" + (f", dtype {m['dtype'].lower()}" if m["dtype"] else "")
+        calls.append(call)
+    diff = message.split("Collectives differ in the following aspects:", 1)
+    aspects = []
+    if len(diff) == 2:
+        for part in re.split(r"\s{2,}|\t|\n", diff[1]):
+            part = part.strip().rstrip(".")
+            if not part:
+                continue
+            part = re.sub(r"(\S)vs ", r"\1 vs ", part).replace("Tensor Tensor", "Tensor")
+            part = re.sub(r"\b[A-Z_]{3,}\b", lambda m: _op_name(m.group(0)) if m.group(0) in _OP_NAMES else m.group(0),
+                          part)
+            aspects.append(part[0].lower() + part[1:])
+    if not calls:
+        return re.sub(r"(\S)vs ", r"\1 vs ", message)
+    text = "collective mismatch: the ranks called different collectives at the same point: " + "; ".join(calls)
+    if aspects:
+        text += ". They differ in " + "; ".join(aspects)
+    return text
+
+
+def _dump_threads(lines):
+    """A faulthandler dump as [(is_current, frames innermost first)]; frames are dicts file/line/func."""
+    threads = []
+    for line in lines:
+        if line.startswith("Current thread") or line.startswith("Thread 0x"):
+            threads.append((line.startswith("Current thread"), []))
+            continue
+        m = _DUMP_FRAME.search(line)
+        if m and threads:
+            threads[-1][1].append(m.groupdict())
+    return threads
+
+
+def _is_user_frame(frame) -> bool:
+    f = frame["file"]
+    return ("site-packages" not in f and "/lab_utils/" not in f and "torch/" not in f
+            and not f.startswith("<frozen") and "/lib/python" not in f)
+
+
+def _crash_digest(lines):
+    """What a crashed rank's stderr says, without the dump: the C++ error, the torch call, the student's frames."""
+    if not any(_CRASH_START.match(line) for line in lines):
+        return None
+    start = max(i for i, line in enumerate(lines) if _CRASH_START.match(line) and "terminate called" in line) \
+        if any("terminate called" in line for line in lines) else 0
+    lines = lines[start:]
+    what = next((line.split("what():", 1)[1].strip() for line in lines if "what():" in line), "")
+    fatal = next((line.split("Fatal Python error:", 1)[1].strip() for line in lines if "Fatal Python error:" in line),
+                 "aborted")
+    threads = _dump_threads(lines)
+    # the thread that was inside torch.distributed (gloo aborts from its own C++ thread, which has no Python frames)
+    chosen = next((frames for _, frames in threads if any("torch/distributed" in f["file"] for f in frames)), None)
+    if chosen is None:
+        chosen = next((frames for current, frames in threads if current), None)
+    if chosen is None:
+        chosen = next((frames for _, frames in threads if any(_is_user_frame(f) for f in frames)), [])
+    op = next((f["func"] for f in chosen if "torch/distributed" in f["file"] and f["func"] != "wrapper"), None)
+    user = [f for f in chosen if _is_user_frame(f)][:4]
+    stack = []
+    for f in user:
+        entry = f"  {_cell_name(f['file'])}, line {f['line']}, in {f['func']}"
+        src = linecache.getline(f["file"], int(f["line"])).strip()
+        stack.append(entry + (f"\n    {src}" if src else ""))
+    return {"what": what, "fatal": fatal, "op": op, "stack": "\n".join(stack)}
+
+
+def _describe_what(what: str) -> str:
+    """gloo's enforce message, minus its build path; sizes spelled out."""
+    text = _ENFORCE_PREFIX.sub("", what)
+    m = _GLOO_SIZES.search(text)
+    if m:
+        got, room = int(m[1]), int(m[2])
+        text = (f"a message of {got} bytes arrived where the receiving tensor holds {room} bytes "
+                f"(gloo: {_GLOO_SIZES.sub('', text).strip().rstrip('.')})")
+    return text.replace(" Is there a distributed collective mismatch in your code?", "")
+
+
+def _explain_crash(root, digest, others):
+    op = f"torch.distributed.{digest['op']}" if digest["op"] else "a torch.distributed call"
+    lines = []
+    if digest["what"]:
+        lines.append(f"It aborted inside {op}: {_describe_what(digest['what'])}.")
+    else:
+        lines.append(f"It died ({digest['fatal']})" + (f" inside {op}." if digest["op"] else "."))
+    for rk in others:
+        d = _crash_digest(rk.stderr_tail)
+        if d and d["what"]:
+            where = f"in torch.distributed.{d['op']}" if d["op"] else ""
+            lines.append(f"Rank {rk.rank} aborted too {where}: {_describe_what(d['what'])}.")
+    if digest["stack"]:
+        lines.append(f"Where rank {root.rank} was (innermost call first):\n{digest['stack']}")
+    if _GLOO_SIZES.search(digest["what"]) or digest["op"] in ("send", "recv", "isend", "irecv"):
+        lines.append(
+            "Every send must be matched by a recv of the same size on the rank it names, and the other way round: "
+            "the ranks disagree on who sends which tensor to whom (in a ring, rank r sends to (r + 1) % N and "
+            "receives from (r - 1) % N; on 2 ranks both neighbours are the same rank, so a swapped pair only shows "
+            "from 3 ranks on)."
+        )
+    elif digest["op"]:
+        lines.append("Every rank must make the same collective calls, in the same order, with tensors of the same "
+                     "size: launch(..., debug=True) checks that and names the first difference.")
+    return "\n".join(lines)
 
 
 def _cell_name(filename):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import threading
 import time
 
@@ -20,7 +21,13 @@ def no_rank_left_behind():
     """Every test in this module must leave no rank process of this test process alive."""
     yield
     me = psutil.Process()
-    leftover = [p.pid for p in me.children(recursive=True) if p.name().startswith("dtlabs-rank")]
+    leftover = []
+    for p in me.children(recursive=True):
+        try:
+            if p.name().startswith("dtlabs-rank"):
+                leftover.append(p.pid)
+        except psutil.NoSuchProcess:  # exited between listing and naming: gone, which is what we want
+            pass
     assert not h.wait_gone(leftover, timeout=5), f"rank processes survived the launch: {leftover}"
 
 
@@ -192,3 +199,135 @@ def test_auto_falls_back_to_gloo_with_too_few_gpus(capsys):
     L._banner_seen.clear()
     assert launch(h.report_env, world_size=2)[0]["backend"] == "gloo"
     assert "too few for NCCL" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ failures that teach
+def test_a_gloo_size_mismatch_names_the_call_and_the_sizes_without_a_dump(capsys):
+    """A ring with its neighbours swapped, on 3 ranks: gloo aborts the process from a C++ thread."""
+
+    def swapped_ring():
+        import torch
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        right, left = (rank - 1) % world, (rank + 1) % world  # swapped
+        chunks = torch.tensor_split(torch.ones(7), world)  # 3, 2, 2 elements: 12, 8, 8 bytes
+        incoming = torch.empty_like(chunks[0])[: chunks[(rank - 1) % world].numel()]
+        request = dist.isend(chunks[rank], right)
+        dist.recv(incoming, left)  # the line the message must show
+        request.wait()
+        return 0
+
+    with pytest.raises(RankFailedError) as info:
+        launch(swapped_ring, world_size=3, timeout=60, quiet=True)
+    msg = str(info.value)
+    assert "torch.distributed.recv" in msg
+    assert "bytes arrived where the receiving tensor holds" in msg
+    assert "dist.recv(incoming, left)  # the line the message must show" in msg
+    assert "(r + 1) % N" in msg  # the tutor's hint
+    out, err = capsys.readouterr()
+    for noise in ("Thread 0x", "Extension modules", "terminate called", "enforce fail at", "_worker.py"):
+        assert noise not in msg, f"{noise!r} in the error message:\n{msg}"
+        assert noise not in err, f"{noise!r} streamed into the cell:\n{err}"
+
+
+def test_crash_digest_names_notebook_cells_not_temp_files(monkeypatch):
+    import builtins
+    import types
+
+    L = importlib.import_module("lab_utils.launch")
+    cell = "/tmp/ipykernel_4242/123456.py"
+    fake = types.SimpleNamespace(compile=types.SimpleNamespace(_filename_map={cell: 12}))
+    monkeypatch.setattr(builtins, "get_ipython", lambda: fake, raising=False)
+    dump = [
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "  what():  [enforce fail at /__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+        "op.preamble.length <= op.nbytes. 12 vs 8. Received data size doesn't match expected size. "
+        "Is there a distributed collective mismatch in your code?",
+        "Fatal Python error: Aborted",
+        "",
+        "Thread 0x00007f01378146c0 (most recent call first):",
+        '  File "/x/lab_utils/_worker.py", line 78 in loop',
+        "",
+        "Thread 0x00007f015724fb80 (most recent call first):",
+        '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2799 in recv',
+        '  File "/x/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper',
+        f'  File "{cell}", line 14 in ring_all_reduce',
+        '  File "/x/lab_utils/_worker.py", line 250 in _call_in_group',
+        "",
+        "Extension modules: numpy, torch._C (total: 2)",
+    ]
+    digest = L._crash_digest(dump)
+    assert digest["op"] == "recv" and digest["fatal"] == "Aborted"
+    assert digest["stack"].startswith("  Cell In[12], line 14, in ring_all_reduce")
+    rk = L._Rank(rank=0, job_w=-1, out_r=-1, err_r=-1, result_r=-1, status="exited", exit_code=-6, stderr_tail=dump)
+    peer = L._Rank(rank=1, job_w=-1, out_r=-1, err_r=-1, result_r=-1, status="running")
+    msg = str(L._failure_error([rk, peer]))
+    assert msg.startswith("rank 0 was killed by SIGABRT (rank 1 stopped).")
+    assert "torch.distributed.recv: a message of 12 bytes arrived where the receiving tensor holds 8 bytes" in msg
+    assert "Cell In[12], line 14, in ring_all_reduce" in msg
+    for noise in ("/tmp/ipykernel", "Thread 0x", "enforce fail", "Extension modules", "pair.cc"):
+        assert noise not in msg, msg
+
+
+@pytest.mark.parametrize(
+    "torch_message, words",
+    [
+        ("Detected mismatch between collectives on ranks. Rank 0 is running collective: CollectiveFingerPrint("
+         "SequenceNumber=3OpType=ALLREDUCE), but Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=3"
+         "OpType=REDUCE).Collectives differ in the following aspects: \t Op type: ALLREDUCEvs REDUCE",
+         ["rank 0 called all_reduce (its collective #4)", "rank 1 called reduce", "op type: all_reduce vs reduce"]),
+        ("Detected mismatch between collectives on ranks. Rank 1 is running collective: CollectiveFingerPrint("
+         "SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[4], TensorDtypes=Float, TensorDeviceTypes=TensorOptions("
+         "dtype=float (default), device=cpu)), but Rank 0 is running collective: CollectiveFingerPrint(SequenceNumber=0, "
+         "OpType=ALLREDUCE, TensorShape=[3], TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), "
+         "device=cpu)).Collectives differ in the following aspects: \t Tensor Tensor shapes: 4vs 3",
+         ["rank 1 called all_reduce (its collective #1) on a tensor of shape [4], dtype float",
+          "shape [3]", "tensor shapes: 4 vs 3"]),
+    ],
+)
+def test_debug_mismatch_messages_read_cleanly(torch_message, words):
+    L = importlib.import_module("lab_utils.launch")
+    text = L._clean_message(torch_message)
+    for w in words:
+        assert w in text, text
+    assert not re.search(r"\Svs ", text) and "ALLREDUCE" not in text and "CollectiveFingerPrint" not in text, text
+
+
+def test_debug_mode_names_mismatched_collectives_cleanly():
+    def mismatched():
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(2)
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)
+        else:
+            dist.reduce(t, dst=0)
+        return 0
+
+    with pytest.raises(RankFailedError) as info:
+        launch(mismatched, world_size=2, timeout=60, debug=True, quiet=True)
+    msg = str(info.value)
+    assert "collective mismatch" in msg and "all_reduce" in msg and " reduce" in msg, msg
+    assert not re.search(r"\Svs ", msg) and "ALLREDUCE" not in msg and "CollectiveFingerPrint" not in msg, msg
+
+
+def test_a_segfault_is_summarised_with_the_line_not_dumped(capsys):
+    def rank1_segfaults():
+        import os
+        import signal
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)  # stands in for a crash in C++ code
+        return 0
+
+    with pytest.raises(RankFailedError) as info:
+        launch(rank1_segfaults, world_size=2, timeout=60, quiet=True)
+    msg = str(info.value)
+    assert info.value.rank == 1 and "Segmentation fault" in msg, msg
+    assert "os.kill(os.getpid(), signal.SIGSEGV)" in msg, msg
+    _, err = capsys.readouterr()
+    assert "Thread 0x" not in msg and "Thread 0x" not in err and "Fatal Python error" not in err, (msg, err)
