@@ -7,7 +7,7 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install lab test test-fast release bench bench-grade doctor clean
+.PHONY: help install lab test test-fast release bench bench-grade doctor mutate clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,10 @@ bench: $(VENV)/.installed  ## launcher benchmark: medians and ratios against mp.
 
 bench-grade: $(VENV)/.installed  ## time `dtlabs grade` for one student's six labs (target: under 10 minutes)
 	$(PY) benchmarks/bench_grading.py
+
+MUTATE_N ?= 6
+mutate: $(VENV)/.installed  ## mutation testing of every lab's tests (fixed seed; MUTATE_N mutants per lab)
+	@set -e; for lab in $$(ls solutions); do $(VENV)/bin/dtlabs mutate $$lab --n $(MUTATE_N) --seed 0; done
 
 clean:  ## remove .venv and grader work folders
 	rm -rf $(VENV) grader/work
