@@ -9,15 +9,14 @@ def sign_hook(state, bucket):
     scale = p.abs().mean()
     signs = p >= 0
     c = torch.where(signs, scale, -scale)
-    packed = pack_bits(signs)
-    all_packed = [torch.empty_like(packed) for _ in range(world)]
-    dist.all_gather(all_packed, packed)
-    scale_t = scale.reshape(1).to(torch.float32)
-    all_scales = [torch.empty_like(scale_t) for _ in range(world)]
-    dist.all_gather(all_scales, scale_t)
+    # one message per rank: the packed signs, then the fp32 scale's 4 bytes (one all-gather, one latency)
+    message = torch.cat([pack_bits(signs), scale.reshape(1).to(torch.float32).view(torch.uint8)])
+    messages = [torch.empty_like(message) for _ in range(world)]
+    dist.all_gather(messages, message)
     averaged = torch.zeros_like(g)
-    for packed_r, scale_r in zip(all_packed, all_scales):
-        averaged += torch.where(unpack_bits(packed_r, n), scale_r, -scale_r)
+    for m in messages:
+        scale_r = m[-4:].view(torch.float32).to(g.dtype)
+        averaged += torch.where(unpack_bits(m[:-4], n), scale_r, -scale_r)
     averaged /= world
     fut = torch.futures.Future()
     fut.set_result(averaged)

@@ -11,12 +11,12 @@ def sign_hook(state, bucket):
     c = torch.where(signs, 1.0, -1.0)
     if state.error_feedback:
         state.errors[key] = p - c
-    packed = pack_bits(signs)
-    all_packed = [torch.empty_like(packed) for _ in range(world)]
-    dist.all_gather(all_packed, packed)
+    message = pack_bits(signs)
+    messages = [torch.empty_like(message) for _ in range(world)]
+    dist.all_gather(messages, message)
     averaged = torch.zeros_like(g)
-    for packed_r in all_packed:
-        averaged += torch.where(unpack_bits(packed_r, n), 1.0, -1.0)
+    for m in messages:
+        averaged += torch.where(unpack_bits(m, n), 1.0, -1.0)
     averaged /= world
     fut = torch.futures.Future()
     fut.set_result(averaged)

@@ -9,14 +9,13 @@ def topk_hook(state, bucket):
     p = g.clone()
     indices = p.abs().topk(k).indices
     values = p[indices].to(torch.float32)
-    idx32 = indices.to(torch.int32)
-    all_values = [torch.empty_like(values) for _ in range(world)]
-    all_indices = [torch.empty_like(idx32) for _ in range(world)]
-    dist.all_gather(all_values, values)
-    dist.all_gather(all_indices, idx32)
+    # one message per rank: k fp32 values, then the k int32 indices reinterpreted as 4-byte words
+    message = torch.cat([values, indices.to(torch.int32).view(torch.float32)])
+    messages = [torch.empty_like(message) for _ in range(world)]
+    dist.all_gather(messages, message)
     averaged = torch.zeros_like(g)
-    for v, i in zip(all_values, all_indices):
-        averaged.index_add_(0, i.long(), v.to(g.dtype))
+    for m in messages:
+        averaged.index_add_(0, m[k:].view(torch.int32).long(), m[:k].to(g.dtype))
     averaged /= world
     fut = torch.futures.Future()
     fut.set_result(averaged)

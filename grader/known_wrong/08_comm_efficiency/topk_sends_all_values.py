@@ -13,9 +13,10 @@ def topk_hook(state, bucket):
         residual = p.clone()
         residual[indices] = 0
         state.errors[key] = residual
+    # one message per rank: k fp32 values, then the k int32 indices reinterpreted as 4-byte words
     averaged = torch.zeros_like(g)
     averaged[indices] = values.to(g.dtype)
-    dist.all_reduce(averaged)
+    dist.all_reduce(averaged)                  # the dense tensor, zeros and all
     averaged /= world
     fut = torch.futures.Future()
     fut.set_result(averaged)
