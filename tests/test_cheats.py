@@ -96,8 +96,10 @@ def _grade_corpus(root: Path, mode: str, monkeypatch) -> dict:
         code = grading.grade([LAB], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
     finally:
         sandbox.bwrap_path.cache_clear()
+    repo_after = _tree_digest(REPO)
     assert_no_leftovers(token)
-    return {"code": code, "lines": lines, "before": before, "after": _tree_digest(root), "repo_before": repo_before}
+    return {"code": code, "lines": lines, "before": before, "after": _tree_digest(root), "repo_before": repo_before,
+            "repo_after": repo_after}
 
 
 @pytest.fixture(scope="module", params=["bwrap", "fallback"])
@@ -147,7 +149,8 @@ def test_cheat_gains_nothing(corpus, cheat):
 def test_course_and_gradebook_are_unchanged(corpus):
     assert corpus["after"] == corpus["before"], "grading changed the course's files: " + ", ".join(
         k for k in corpus["after"] if corpus["before"].get(k) != corpus["after"].get(k))
-    assert _tree_digest(REPO) == corpus["repo_before"], "grading changed the repository's own files"
+    assert corpus["repo_after"] == corpus["repo_before"], "grading changed the repository's own files: " + ", ".join(
+        k for k in corpus["repo_after"] if corpus["repo_before"].get(k) != corpus["repo_after"].get(k))
     assert not PWNED.exists(), "a hostile return value ran code in the grader"
     from nbgrader.api import Gradebook
 
