@@ -7,7 +7,7 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install lab test test-fast release bench bench-grade doctor clean
+.PHONY: help install lab test test-fast release bench bench-grade doctor stress clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,11 @@ bench: $(VENV)/.installed  ## launcher benchmark: medians and ratios against mp.
 
 bench-grade: $(VENV)/.installed  ## time `dtlabs grade` for one student's six labs (target: under 10 minutes)
 	$(PY) benchmarks/bench_grading.py
+
+K    ?= 10
+LABS ?=
+stress: $(VENV)/.installed  ## grade every lab's solution K times (K=10) with the other cores busy; LABS=... picks labs
+	$(VENV)/bin/dtlabs stress $(LABS) --k $(K)
 
 clean:  ## remove .venv and grader work folders
 	rm -rf $(VENV) grader/work

@@ -5,6 +5,7 @@
     dtlabs validate NOTEBOOK          student's pre-submission check; exit code 0 only if every test passes
     dtlabs grade [--submissions DIR]  instructor batch: autograde -> grades CSV -> feedback (no hidden tests)
     dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
+    dtlabs stress [LAB ...] --k K     grade each lab's solution K times with the other cores busy (flakes)
 """
 from __future__ import annotations
 
@@ -66,6 +67,13 @@ def _bench(args) -> int:
     return subprocess.call([sys.executable, str(script), *args.bench_args])
 
 
+def _stress(args) -> int:
+    from lab_utils import stress
+
+    runs = stress.stress(args.labs or None, k=args.k, busy=args.busy, cell_timeout=args.timeout, keep=args.keep)
+    return 0 if runs and all(r.full for r in runs) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dtlabs", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="launcher benchmark: ratios against mp.spawn and notebook_launcher")
     s.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to benchmarks/bench_launch.py")
     s.set_defaults(func=_bench)
+
+    s = sub.add_parser("stress", help="grade each lab's solution K times with the other cores busy; "
+                                      "non-zero exit if any run lost points")
+    s.add_argument("labs", nargs="*", metavar="LAB", help="assignment ids such as 05_multi_node (default: all)")
+    s.add_argument("--k", type=int, default=10, help="autograde runs per lab (default 10)")
+    s.add_argument("--busy", type=int, default=None, help="busy-loop processes (default: cores - 1)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--keep", action="store_true", help="keep the scratch courses (autograded notebooks)")
+    s.set_defaults(func=_stress)
     return p
 
 
