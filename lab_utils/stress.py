@@ -99,6 +99,14 @@ def _error_lines(course_root: Path, student: str, lab: str) -> dict:
     return out
 
 
+def _nbgrader_error(output: str) -> str:
+    """The lines of an nbgrader log that say why a submission has no autograded notebook."""
+    keys = ("ERROR", "Error", "Timeout", "timed out", "died", "Dead")
+    hits = [line.strip() for line in output.split("\n") if any(k in line for k in keys)]
+    return " | ".join(hits[-4:])[-1200:] or "no autograded notebook; nbgrader log: " + \
+        " | ".join(output.strip().split("\n")[-3:])
+
+
 # ------------------------------------------------------------------------------------------ load
 class busy_cores:
     """Context manager: `n` busy-loop processes (default nproc - 1), always stopped on exit, even on ^C."""
@@ -178,9 +186,13 @@ def stress(labs=None, *, k: int = 10, busy: int | None = None, cell_timeout=None
                         note = f"autograde ran past {lab_timeout:g} s"
                     elif not scores:
                         note = "not graded: " + " | ".join(run.output.strip().split("\n")[-3:])
+                    (root / "logs").mkdir(exist_ok=True)
+                    (root / "logs" / f"{student}.log").write_text(run.output)
                     r = StressRun(lab, i, scores, time.monotonic() - start, note=note)
                     if not r.full:
                         r.errors = _error_lines(root, student, lab)
+                        if not r.errors and not r.note:  # no autograded notebook: nbgrader says why
+                            r.note = _nbgrader_error(run.output)
                     runs.append(r)
                     got, total = r.points
                     bar.write(_line(r), file=out)
