@@ -97,8 +97,10 @@ def test_timeout_kills_agents_even_before_their_workers_start(tmp_path):
 
 KERNEL = textwrap.dedent(
     """
+    import signal
     import sys
     from lab_utils.torchrun import run_nodes
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel does, even if started with SIGINT ignored
     try:
         run_nodes(sys.argv[1], sys.argv[2], nnodes=2, nproc_per_node=1, timeout=600, quiet=True)
     except KeyboardInterrupt:
