@@ -1,5 +1,5 @@
 # replaces: train
-# loses: test_train, test_train_3_nodes
+# loses: test_train
 # mistake: never calls sampler.set_epoch, so every epoch repeats epoch 0's shuffle (resume is exact, the data order is not)
 def train(cfg):
     """Train make_model data-parallel for cfg["steps"] steps; resume from cfg["ckpt_path"]; return final weights.
