@@ -7,7 +7,7 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install lab test test-fast release bench bench-grade doctor mutate clean
+.PHONY: help install lab test test-fast release bench bench-grade doctor mutate stress clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,12 +42,17 @@ doctor: $(VENV)/.installed  ## check torch, backends, GPUs and a 2-rank all-redu
 bench: $(VENV)/.installed  ## launcher benchmark: medians and ratios against mp.spawn and notebook_launcher
 	$(PY) benchmarks/bench_launch.py
 
-bench-grade: $(VENV)/.installed  ## time `dtlabs grade` for one student's six labs (target: under 10 minutes)
+bench-grade: $(VENV)/.installed  ## time sandboxed `dtlabs grade` against the pre-sandbox baseline, and --jobs 2 vs 1
 	$(PY) benchmarks/bench_grading.py
 
 MUTATE_N ?= 6
 mutate: $(VENV)/.installed  ## mutation testing of every lab's tests (fixed seed; MUTATE_N mutants per lab)
 	@set -e; for lab in $$(ls solutions); do $(VENV)/bin/dtlabs mutate $$lab --n $(MUTATE_N) --seed 0; done
+
+K    ?= 10
+LABS ?=
+stress: $(VENV)/.installed  ## grade every lab's solution K times (K=10) with the other cores busy; LABS=... picks labs
+	$(VENV)/bin/dtlabs stress $(LABS) --k $(K)
 
 clean:  ## remove .venv and grader work folders
 	rm -rf $(VENV) grader/work

@@ -7,6 +7,7 @@
     dtlabs grade-one / merge          one submission into a results folder / results into the gradebook (Slurm)
     dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
     dtlabs mutate LAB                 mutation testing of a lab's tests (survivors, kill rate; --min-kill)
+    dtlabs stress [LAB ...] --k K     grade each lab's solution K times with the other cores busy (flakes)
 """
 from __future__ import annotations
 
@@ -115,6 +116,13 @@ def _mutate(args) -> int:
                        timeout=args.lab_timeout, list_only=args.list)
 
 
+def _stress(args) -> int:
+    from lab_utils import stress
+
+    runs = stress.stress(args.labs or None, k=args.k, busy=args.busy, cell_timeout=args.timeout, keep=args.keep)
+    return 0 if runs and all(r.full for r in runs) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dtlabs", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lab-timeout", type=float, default=None, help="wall-clock limit for the autograde run")
     s.add_argument("--list", action="store_true", help="list the sampled mutants, grade nothing")
     s.set_defaults(func=_mutate)
+    s = sub.add_parser("stress", help="grade each lab's solution K times with the other cores busy; "
+                                      "non-zero exit if any run lost points")
+    s.add_argument("labs", nargs="*", metavar="LAB", help="assignment ids such as 05_multi_node (default: all)")
+    s.add_argument("--k", type=int, default=10, help="autograde runs per lab (default 10)")
+    s.add_argument("--busy", type=int, default=None, help="busy-loop processes (default: cores - 1)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--keep", action="store_true", help="keep the scratch courses (autograded notebooks)")
+    s.set_defaults(func=_stress)
     return p
 
 

@@ -16,8 +16,16 @@ What this module adds around torchrun, and why:
 - Restarts work with gloo: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each restart attempt a fresh store;
   with the agent's shared store, restarted gloo workers can read stale peer addresses and hang for the
   30-minute default (pytorch#135712).
-- Ports: the rendezvous port is picked free on 127.0.0.1 and, if another process takes it first
-  (EADDRINUSE), the whole run is retried on a new port.
+- No agent's exit strands another. The agent that hosts the rendezvous store must outlive every agent that
+  still talks to it (the exit barrier, the rendezvous shutdown); on a loaded machine the host used to finish
+  first and the other agent failed with "Failed to recv ... Did the remote server shutdown or crash?". So with
+  c10d this process hosts the rendezvous store itself (a ``TCPStore`` on port 0, alive until every agent is
+  gone) and every agent joins it without hosting (``--rdzv-conf=is_host=false``). A static rendezvous always
+  has node 0 host the store, so node 0's agent waits, after torchrun is done, until this process has seen every
+  other agent exit (``DTLABS_AGENT_STORE``: where it asks; capped at ``HOST_WAIT_S``).
+- Ports: c10d's store listens on a port the OS hands out while it binds, so nobody can take it first. The static
+  master port is picked free on 127.0.0.1 and, if another process takes it first (EADDRINUSE), the whole run is
+  retried on a new port.
 """
 from __future__ import annotations
 
@@ -40,6 +48,9 @@ __all__ = ["run_nodes", "agent_command", "write_script", "processes_of", "Torchr
 HOST = "127.0.0.1"
 MARKER = "DTLABS_RUN_ID"
 PORT_RETRIES = 3
+HOST_WAIT_S = 60.0  # how long a static run's node 0 waits for the other agents to exit
+AGENT_STORE = "DTLABS_AGENT_STORE"  # host:port:n of the run's store, for the agent that must wait for n others
+EXITED_KEY = "dtlabs_agents_exited"
 _PORT_IN_USE = ("EADDRINUSE", "address already in use", "Address already in use")
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,6 +64,7 @@ class TorchrunResult:
     seconds: float = 0.0
     port: int = 0
     run_id: str = ""  # the DTLABS_RUN_ID marker its agents and workers carried
+    commands: list = field(default_factory=list)  # each agent's torchrun command line
 
     @property
     def ok(self) -> bool:
@@ -82,12 +94,15 @@ def free_port() -> int:
 
 
 def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_rank=0, rdzv="static",
-                  master_addr=HOST, port=29500, run_id="dtlabs", max_restarts=0, python=None) -> list:
+                  master_addr=HOST, port=29500, run_id="dtlabs", max_restarts=0, python=None,
+                  rdzv_conf=None) -> list:
     """The torchrun command line for one node. On real machines ``master_addr`` is the first node's hostname.
 
     ``rdzv="static"``: every node is told its ``--node-rank`` and the master's address and port; node 0
     hosts the store. ``rdzv="c10d"``: nodes meet at ``--rdzv-endpoint`` and the rendezvous hands out the
-    node ranks (``GROUP_RANK``), which is what lets torchrun restart or replace nodes.
+    node ranks (``GROUP_RANK``), which is what lets torchrun restart or replace nodes. ``rdzv_conf`` (c10d
+    only): extra rendezvous settings, e.g. ``{"is_host": "false"}`` for an agent that joins a store it does
+    not host.
     """
     if rdzv not in ("static", "c10d"):
         raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
@@ -97,6 +112,8 @@ def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_ra
         cmd += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}"]
     else:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{port}", f"--rdzv-id={run_id}"]
+        if rdzv_conf:
+            cmd.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in dict(rdzv_conf).items()))
     cmd += [f"--max-restarts={max_restarts}", "--monitor-interval=0.1", str(script), *map(str, script_args)]
     return cmd
 
@@ -194,27 +211,53 @@ def _killpg(pgid):
         pass
 
 
+def _run_store():
+    """The run's own TCPStore, hosted here on a port the OS picks: c10d's rendezvous store, and where a static
+    run's node 0 learns that the other agents are gone."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(HOST, 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                    timeout=timedelta(seconds=30))
+
+
 def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd, quiet, port):
     run_id = uuid.uuid4().hex[:12]
     agent_env = _agent_env(run_id, nnodes * nproc_per_node, env)
     events: queue.Queue = queue.Queue()
-    procs, seen, lines = [], [], []
+    procs, seen, lines, commands = [], [], [], []
     open_streams = nnodes
     clash = False
+    store = _run_store()
+    rdzv_conf = None
+    if rdzv == "c10d":  # every agent joins the store hosted here; none hosts it, so none can take it away
+        port, rdzv_conf = store.port, {"is_host": "false"}
+    exited = set()
     start = next_scan = time.monotonic()
     try:
         for node in range(nnodes):
             cmd = agent_command(script, script_args, nnodes=nnodes, nproc_per_node=nproc_per_node,
-                                node_rank=node, rdzv=rdzv, port=port, run_id=run_id, max_restarts=max_restarts)
+                                node_rank=node, rdzv=rdzv, port=port, run_id=run_id, max_restarts=max_restarts,
+                                rdzv_conf=rdzv_conf)
+            node_env = agent_env
+            if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
+                node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
             # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
             shim = [sys.executable, "-m", "lab_utils.torchrun", "--agent", str(os.getpid()), *cmd[3:]]
             proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, env=agent_env, cwd=cwd, start_new_session=True)
+                                    stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
             procs.append(proc)
+            commands.append(cmd)
             threading.Thread(target=_read, args=(node, proc.stdout, events), daemon=True).start()
         while open_streams or any(p.poll() is None for p in procs):
+            for node, proc in enumerate(procs):
+                if node not in exited and proc.poll() is not None:
+                    exited.add(node)
+                    if node > 0:
+                        store.add(EXITED_KEY, 1)
             if timeout is not None and time.monotonic() - start > timeout:
-                result = TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id)
+                result = TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id, commands)
                 raise TorchrunTimeout(
                     f"torchrun did not finish within {timeout} s: every agent and worker has been killed. "
                     "A worker that waits for a peer which never comes (a rank that died outside a restartable "
@@ -235,12 +278,13 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                 break
             if not quiet:
                 print(f"[node {node}] {text}", flush=True)
-        return TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id), clash
+        return TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id, commands), clash
     finally:
         _reap(procs, seen, run_id)
         for proc in procs:
             if proc.stdout:
                 proc.stdout.close()
+        del store  # only now: every agent is gone
 
 
 def _remember_children(procs, seen):
@@ -297,7 +341,28 @@ def _agent_main(argv):
     import runpy
 
     sys.argv = ["torchrun", *argv[1:]]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    finally:
+        _wait_for_other_agents(os.environ.get(AGENT_STORE))
+
+
+def _wait_for_other_agents(spec):
+    """The agent hosting a static run's store: stay until the harness has seen the other agents exit."""
+    if not spec:
+        return
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host, port, others = spec.rsplit(":", 2)
+    deadline = time.monotonic() + HOST_WAIT_S
+    try:
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=3))
+        while store.add(EXITED_KEY, 0) < int(others) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # the harness is gone (it reaps us anyway) or a store error: nothing left to wait for
+        pass
 
 
 if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--agent":

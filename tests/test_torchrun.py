@@ -97,8 +97,10 @@ def test_timeout_kills_agents_even_before_their_workers_start(tmp_path):
 
 KERNEL = textwrap.dedent(
     """
+    import signal
     import sys
     from lab_utils.torchrun import run_nodes
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel does, even if started with SIGINT ignored
     try:
         run_nodes(sys.argv[1], sys.argv[2], nnodes=2, nproc_per_node=1, timeout=600, quiet=True)
     except KeyboardInterrupt:
@@ -166,6 +168,44 @@ def test_agent_command_for_real_machines():
     assert "--node-rank=1" in static and "--master-addr=node-a" in static and static[-3:] == ["train.py", "--lr", "0.1"]
     c10d = tr.agent_command("train.py", nnodes=2, rdzv="c10d", master_addr="node-a", port=29500, run_id="job7")
     assert "--rdzv-endpoint=node-a:29500" in c10d and "--rdzv-id=job7" in c10d
+    assert not any(a.startswith("--rdzv-conf") for a in c10d), "the command for real machines stays plain"
+    joiner = tr.agent_command("train.py", rdzv="c10d", rdzv_conf={"is_host": "false"})
+    assert "--rdzv-conf=is_host=false" in joiner
     assert not any(a.startswith("--node-rank") for a in c10d), "c10d hands out node ranks itself"
     with pytest.raises(ValueError):
         tr.agent_command("train.py", rdzv="etcd")
+
+
+def test_c10d_agents_join_the_store_this_process_hosts(tmp_path):
+    """Issue 15: no agent may host the rendezvous store, or its exit strands the others (``Failed to recv``)."""
+    script = _script(tmp_path, "all_reduce.py", ALL_REDUCE)
+    result = run_nodes(script, nnodes=2, rdzv="c10d", timeout=120, quiet=True)
+    assert result.ok, result.output()
+    for cmd in result.commands:
+        assert "--rdzv-conf=is_host=false" in cmd and f"--rdzv-endpoint=127.0.0.1:{result.port}" in cmd, cmd
+    sums = [t for _, t in result.lines if t.startswith("RESULT")]
+    assert len(sums) == 2 and all(t.endswith("[3.0, 3.0]") for t in sums), sums
+    with socket.socket() as s:  # the store lived in this process and is gone with the run
+        assert s.connect_ex(("127.0.0.1", result.port)) != 0, "the run's store still listens after the run"
+
+
+def test_static_host_agent_waits_until_the_others_are_gone():
+    """The static store lives in node 0's agent: it leaves only once the harness saw every other agent exit."""
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    threading.Timer(1.0, lambda: store.add(tr.EXITED_KEY, 2)).start()
+    start = time.monotonic()
+    tr._wait_for_other_agents(f"127.0.0.1:{store.port}:2")
+    waited = time.monotonic() - start
+    assert 0.9 <= waited < 10, f"waited {waited:.1f} s for the other agents (expected about 1 s)"
+    start = time.monotonic()
+    tr._wait_for_other_agents(f"127.0.0.1:{store.port}:1")  # already gone: no wait
+    assert time.monotonic() - start < 2
+    del store
+    start = time.monotonic()
+    tr._wait_for_other_agents("127.0.0.1:1:1")  # no harness to ask: give up at once
+    assert time.monotonic() - start < 20

@@ -1,5 +1,5 @@
 # replaces: train
-# loses: test_train
+# loses: test_train_restart
 # mistake: saves only rank 0's RNG state and restores it on every rank (ranks were seeded differently)
 def train(cfg):
     """Train make_model data-parallel for cfg["steps"] steps; resume from cfg["ckpt_path"]; return final weights.

@@ -1,5 +1,5 @@
 # replaces: train
-# loses: test_train
+# loses: test_train_restart
 # mistake: loses the sampler position: counts batches from 0 each time the process starts, so a resumed job replays epoch 0
 def train(cfg):
     """Train make_model data-parallel for cfg["steps"] steps; resume from cfg["ckpt_path"]; return final weights.

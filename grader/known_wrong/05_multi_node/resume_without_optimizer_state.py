@@ -1,5 +1,5 @@
 # replaces: train
-# loses: test_train
+# loses: test_train_restart
 # mistake: saves and restores the weights, step and RNG but not the optimizer: AdamW's moments restart from zero
 def train(cfg):
     """Train make_model data-parallel for cfg["steps"] steps; resume from cfg["ckpt_path"]; return final weights.

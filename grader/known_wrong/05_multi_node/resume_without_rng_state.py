@@ -1,5 +1,5 @@
 # replaces: train
-# loses: test_train
+# loses: test_train_restart
 # mistake: does not save or restore the RNG state: after the restart every rank draws the dropout masks of step 0 again
 def train(cfg):
     """Train make_model data-parallel for cfg["steps"] steps; resume from cfg["ckpt_path"]; return final weights.
