@@ -35,7 +35,10 @@ c.CourseDirectory.db_url = "sqlite:///" + os.path.join(ROOT, WORK, "gradebook.db
 # Per-cell execution limit for autograde and validate. nbgrader 0.9 reads Execute.timeout and ignores
 # ExecutePreprocessor.timeout (nbgrader#1463). Lab cells call launch(..., timeout<=60), so a hanging rank
 # is reported by the launcher well before this fires; this catches a hang in the kernel itself.
-c.Execute.timeout = int(os.environ.get("DTLABS_CELL_TIMEOUT", "120"))
+c.Execute.timeout = int(os.environ.get("DTLABS_CELL_TIMEOUT", "180"))
+# A cell that ran past its limit must cost that cell, not the notebook: nbgrader would otherwise drop the whole
+# submission when the interrupted kernel's last outputs arrive late (seen on a loaded grader: 0/11 for Lab 05).
+c.Execute.raise_on_iopub_timeout = False
 c.Execute.interrupt_on_timeout = True
 c.Execute.execute_retries = 0
 

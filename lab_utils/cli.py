@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("validate", help="run a notebook's tests before submitting; non-zero exit if any fails")
     s.add_argument("notebook", metavar="NOTEBOOK")
-    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.set_defaults(func=_validate)
 
     s = sub.add_parser("grade", help="autograde every submission, export grades.csv, write feedback")
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--submissions", metavar="DIR",
                    help="submissions in nbgrader's layout DIR/<student>/<NN_topic>/<NN_topic>.ipynb "
                         "(copied into grader/work/submitted; default: grader/work/submitted as it is)")
-    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--submission-timeout", type=float, default=None,
                    help="wall-clock limit for grading one submission (default 1800 s)")
     s.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("lab", metavar="LAB")
     s.add_argument("student", metavar="STUDENT")
     s.add_argument("--out", required=True, metavar="DIR", help="results folder (then: dtlabs merge DIR)")
-    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)
     s.set_defaults(func=_grade_one)
 
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, default=20, help="mutants to sample and grade (default 20; 0: all)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     s.add_argument("--min-kill", type=float, default=0.9, help="exit 1 below this kill rate (default 0.9)")
-    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--lab-timeout", type=float, default=None, help="wall-clock limit for the autograde run")
     s.add_argument("--list", action="store_true", help="list the sampled mutants, grade nothing")
     s.set_defaults(func=_mutate)
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("labs", nargs="*", metavar="LAB", help="assignment ids such as 05_multi_node (default: all)")
     s.add_argument("--k", type=int, default=10, help="autograde runs per lab (default 10)")
     s.add_argument("--busy", type=int, default=None, help="busy-loop processes (default: cores - 1)")
-    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--keep", action="store_true", help="keep the scratch courses (autograded notebooks)")
     s.set_defaults(func=_stress)
     return p
