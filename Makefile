@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed  ## create .venv and install the course package with its test tools
 
 # JUPYTER_CONFIG_PATH puts the course's nbgrader config (grader/) in force in JupyterLab too: the toolbar's
-# Validate button then uses its per-cell limit (120 s, not nbgrader's 30 s) and the formgrader finds the course.
+# Validate button then uses its per-cell limit (180 s, not nbgrader's 30 s) and the formgrader finds the course.
 lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
 	JUPYTER_CONFIG_PATH="$(CURDIR)/grader$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 		$(VENV)/bin/jupyter lab --notebook-dir=labs
