@@ -225,6 +225,37 @@ class _Session:
         self.out.close()
 
 
+_SHARED_NAMES: set = set()  # names the course's shared cells bound: the subject has its own copies of them
+
+
+def dumps(obj) -> bytes:
+    """cloudpickle for the subject. A function or class that a shared course cell defined travels by name and
+    becomes the subject's own copy (same source, defined there too, so ``inspect.getsource`` works on it, as
+    torchrun scripts need); everything else as cloudpickle sends it."""
+    import io
+    import types
+
+    import cloudpickle
+    from IPython import get_ipython
+
+    from lab_utils import subject
+
+    shell = get_ipython()
+    ns = shell.user_ns if shell is not None else {}
+    by_id = {id(ns[n]): n for n in _SHARED_NAMES if isinstance(ns.get(n), (types.FunctionType, type))}
+
+    class _Pickler(cloudpickle.CloudPickler):
+        def reducer_override(self, o):
+            name = by_id.get(id(o))
+            if name is not None:
+                return subject.resolve, (name,)
+            return super().reducer_override(o)
+
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
 class StudentProxy:
     """Stands in, in the grader, for a callable the student defined; see the module docstring."""
 
@@ -234,9 +265,7 @@ class StudentProxy:
         self._type_name = type_name
 
     def __call__(self, *args, **kwargs):
-        import cloudpickle
-
-        payload = cloudpickle.dumps((args, kwargs))
+        payload = dumps((args, kwargs))
         return _session().value(_session().request({"op": "call", "name": self.__name__, "payload": payload}))
 
     def __reduce__(self):
@@ -284,20 +313,16 @@ def run_as_student(fn, *args, **kwargs):
     """
     if _SESSION is None:
         return fn(*args, **kwargs)
-    import cloudpickle
-
-    payload = cloudpickle.dumps((fn, args, kwargs))
+    payload = dumps((fn, args, kwargs))
     return _SESSION.value(_SESSION.request({"op": "run", "payload": payload}))
 
 
 def remote_launch(fn, world_size, backend, timeout, args, kwargs, *, debug=False, quiet=False):
     """``launch`` under grading: the subject's launcher starts the ranks inside the sandbox."""
-    import cloudpickle
-
     from lab_utils.launch import _validate
 
     _validate(fn, world_size, timeout)
-    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    payload = dumps((fn, tuple(args), dict(kwargs or {})))
     options = {"world_size": world_size, "backend": backend, "timeout": timeout, "debug": debug, "quiet": quiet}
     reply = _session().request({"op": "launch", "payload": payload, "options": options})
     if not reply.get("ok"):
@@ -345,13 +370,32 @@ def _student_cell(line, cell):
         raise exc.with_traceback(None) from None
 
 
+_SHARED_BEFORE: dict = {}
+
+
 def _before_cell(info) -> None:
     """A course cell that student code also needs (imports, parameters, helpers) runs over there first."""
     if _SESSION is None or info.raw_cell not in _SHARED_SOURCES:
         return
+    from IPython import get_ipython
+
+    _SHARED_BEFORE.clear()
+    _SHARED_BEFORE.update({k: id(v) for k, v in get_ipython().user_ns.items()})
+    _SHARED_BEFORE["__running__"] = 1
     reply = _SESSION.request({"op": "run_cell", "source": info.raw_cell, "quiet": True})
     if not reply.get("ok"):
         print(f"(in the student's process this cell failed: {reply.get('ename')}: {reply.get('evalue')})")
+
+
+def _after_cell(result) -> None:
+    """Remember what a shared cell defined here (see ``dumps``)."""
+    if not _SHARED_BEFORE.pop("__running__", None):
+        return
+    from IPython import get_ipython
+
+    for k, v in get_ipython().user_ns.items():
+        if not k.startswith("_") and _SHARED_BEFORE.get(k) != id(v):
+            _SHARED_NAMES.add(k)
 
 
 def start_grading(shared_sources=(), workdir: str | None = None, report_path: str | None = None,
@@ -380,6 +424,14 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, dest)
     _SHARED_SOURCES.clear()
     _SHARED_SOURCES.update(shared_sources)
+    # course cells here and over there make temp files for each other (a checkpoint the ranks write and a test reads):
+    # both sides use the submission's shared temp folder. Tests read such files with restricted loaders only
+    # (torch.load's weights_only default, json), as they would read anything else a submission produced.
+    tmp = sandbox.shared_tmp(work)
+    tmp.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = str(tmp)
+    os.chdir(work)  # relative paths too: both sides work in the same folder (the subject sees it at the same path)
     try:
         _SESSION = _Session(work, limits, report_path)
     except Exception as exc:
@@ -390,6 +442,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
         raise
     shell.register_magic_function(_student_cell, magic_kind="cell", magic_name="student")
     shell.events.register("pre_run_cell", _before_cell)
+    shell.events.register("post_run_cell", _after_cell)
     import atexit
 
     atexit.register(stop_grading)

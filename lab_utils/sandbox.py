@@ -82,9 +82,15 @@ def warn_fallback_once() -> None:
         warnings.warn(FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
 
 
+def shared_tmp(workdir) -> Path:
+    """The temp folder the grader and the subject share (the grader's tempfile points there while grading), so a
+    course cell's temp files (a checkpoint the ranks write, the test reads) are the same files on both sides."""
+    return Path(workdir) / ".tmp"
+
+
 def _env(home: str, extra: dict) -> dict:
     env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
-    env.update(HOME=home, TMPDIR="/tmp", PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+    env.update(HOME=home, TMPDIR=str(shared_tmp(home)), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                MPLBACKEND="module://matplotlib_inline.backend_inline", MPLCONFIGDIR=os.path.join(home, ".mpl"),
                PYDEVD_DISABLE_FILE_VALIDATION="1",
                # c10d warns on every connection that it cannot name the peer inside a fresh network namespace
@@ -131,9 +137,10 @@ def command(argv: list[str], workdir: Path, env: dict) -> tuple[list[str], dict,
     """(argv to run, environment, cwd) for ``argv`` boxed with bwrap, or prepared for the fallback."""
     workdir = Path(workdir).resolve()
     _prepare_home(workdir)
+    shared_tmp(workdir).mkdir(exist_ok=True)
     bwrap = bwrap_path()
     if bwrap:
-        inside = "/submission"
+        inside = str(workdir)  # the same path on both sides, so paths in the shared temp folder mean the same file
         cmd = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
                "--clearenv"]

@@ -32,6 +32,7 @@ class Subject:
         self.sock = sock
         self.send_lock = threading.Lock()
         self.requests: queue.Queue = queue.Queue()
+        self.quiet = False
         self.shell = self._make_shell()
         self.captured_error = None
 
@@ -66,7 +67,7 @@ class Subject:
         class Publisher(DisplayPublisher):
             def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kw):
                 keep = {k: v for k, v in data.items() if k in _DISPLAY_TYPES}
-                if keep:
+                if keep and not subject.quiet:
                     sys.stdout.flush()
                     subject.send({"op": "display", "data": keep})
 
@@ -109,11 +110,19 @@ class Subject:
         return out
 
     def run_cell(self, source: str, quiet: bool) -> dict:
+        """Run a cell; ``quiet`` (a course cell the grader runs too) keeps its output here, so it shows once."""
+        import contextlib
+        import io
+
         before = dict(self.shell.user_ns)
         self.captured_error = None
-        result = self.shell.run_cell(source, store_history=True, silent=False)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        self.quiet = quiet
+        sink = io.StringIO()
+        with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
+            result = self.shell.run_cell(source, store_history=True, silent=False)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        self.quiet = False
         reply = {"ok": result.success, "names": self.names_changed(before)}
         if not result.success:
             ename, evalue, stb = self.captured_error or ("Error", str(result.error_in_exec), [])
