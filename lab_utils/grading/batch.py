@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_utils.grading import gradebook
-from lab_utils.grading.course import HIDDEN_MARKERS, REPO_ROOT, WORK, discover_labs, submissions
+from lab_utils.grading.course import REPO_ROOT, WORK, discover_labs, split_hidden, submissions
 from lab_utils.grading.nbgrader_run import run_nbgrader
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 1800.0
@@ -87,19 +87,6 @@ def _reasons_from_log(text: str) -> list[str]:
     return out
 
 
-def _without_hidden(source: str) -> str:
-    """A source cell as the release shows it (nbgrader's ClearHiddenTests drops the hidden region)."""
-    out, inside = [], False
-    for line in source.split("\n"):
-        if HIDDEN_MARKERS[0] in line:
-            inside = True
-        elif HIDDEN_MARKERS[1] in line:
-            inside = False
-        elif not inside:
-            out.append(line)
-    return "\n".join(out)
-
-
 def _tampered_cells(submitted_nb: Path, template: Path, lab: str) -> list[str]:
     """Locked cells (tests, course code) whose source the submission changed; nbgrader restores them."""
     import nbformat
@@ -119,7 +106,8 @@ def _tampered_cells(submitted_nb: Path, template: Path, lab: str) -> list[str]:
                 src = gb.find_source_cell(gid, lab, lab)
             except MissingEntry:
                 continue
-            if src.locked and _without_hidden(src.source).strip() != cell.source.strip():
+            release_source = "\n".join(split_hidden(src.source)[0])  # what the release shows of it
+            if src.locked and release_source.strip() != cell.source.strip():
                 out.append(f"tampered test cell {gid} (restored from the course)")
     return out
 

@@ -12,6 +12,19 @@ SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 HIDDEN_MARKERS = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 
 
+def split_hidden(source: str) -> tuple[list[str], list[str]]:
+    """(lines outside, lines inside) a cell's hidden-test region; the marker lines belong to neither."""
+    visible, hidden, inside = [], [], False
+    for line in source.split("\n"):
+        if HIDDEN_MARKERS[0] in line:
+            inside = True
+        elif HIDDEN_MARKERS[1] in line:
+            inside = False
+        else:
+            (hidden if inside else visible).append(line)
+    return visible, hidden
+
+
 class GradingError(RuntimeError):
     """An nbgrader step could not run at all (not: a submission failed, which is a grade)."""
 

@@ -10,19 +10,12 @@ from __future__ import annotations
 
 from nbgrader.preprocessors import ClearHiddenTests
 
-from lab_utils.grading.course import HIDDEN_MARKERS
+from lab_utils.grading.course import HIDDEN_MARKERS, split_hidden
 
 
 def hidden_lines(source: str) -> list[str]:
-    lines, inside = [], False
-    for line in source.split("\n"):
-        if HIDDEN_MARKERS[0] in line:
-            inside = True
-        elif HIDDEN_MARKERS[1] in line:
-            inside = False
-        elif inside and len(line.strip()) >= 8:
-            lines.append(line.strip())
-    return lines
+    """The hidden region's lines worth redacting (short ones like ``)`` would redact everything)."""
+    return [line.strip() for line in split_hidden(source)[1] if len(line.strip()) >= 8]
 
 
 def redact(text: str, hidden: list[str]) -> str:
