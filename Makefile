@@ -7,7 +7,7 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install lab test test-fast release bench bench-grade doctor mutate stress clean
+.PHONY: help install lab test test-gpu test-fast release bench bench-grade doctor mutate stress clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
 
 test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); they skip with a reason without CUDA
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed  ## the tests that do not execute whole notebooks
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
