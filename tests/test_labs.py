@@ -27,9 +27,10 @@ LABS = grading.discover_labs(REPO)
 WRONG = [(lab, kw.name) for lab in LABS for kw in known_wrong(lab, REPO)]
 PARAMETERS = {"WORLD_SIZE": 2, "BACKEND": "gloo"}
 LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "1500"))
-# A known-wrong submission ends after the last cell it must lose points on: the cells after it cannot change
-# that verdict, and skipping them keeps six labs' worth of known-wrong runs inside the CI budget. nbgrader
-# grades the missing cells as 0 (as for a student who deleted them). DTLABS_KNOWN_WRONG_FULL=1 runs them whole.
+# A known-wrong submission ends after the last cell it must lose points on (the cells after it cannot change that
+# verdict; nbgrader grades missing cells as 0, as for a student who deleted them), and it leaves out the demo cells
+# (student-writable cells that are neither answers nor course cells), which no test may depend on: the "solution
+# without demos" student proves that, by keeping full marks. DTLABS_KNOWN_WRONG_FULL=1 runs them whole.
 FULL_KNOWN_WRONG = os.environ.get("DTLABS_KNOWN_WRONG_FULL", "") not in ("", "0")
 
 
@@ -39,6 +40,11 @@ def _source(lab):
 
 def _meta(cell):
     return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _without_demos(nb):
+    nb.cells = [c for c in nb.cells if c.cell_type != "code" or _meta(c)]
+    return nb
 
 
 def _last_cell(nb, grade_ids) -> int:
@@ -129,7 +135,7 @@ class LabGrades:
     def __init__(self, lab, root):
         self.lab, self.root = lab, root
         self.wrong = {kw.name: kw for kw in known_wrong(lab, REPO)}
-        self.students = ["solution", "release"] + [f"wrong_{n}" for n in self.wrong]
+        self.students = ["solution", "solution_without_demos", "release"] + [f"wrong_{n}" for n in self.wrong]
         self.run = None
         self.scores = {}
         self.leftovers = None
@@ -140,10 +146,12 @@ class LabGrades:
         rel = nbformat.read(str(self.root / "labs" / self.lab / f"{self.lab}.ipynb"), as_version=4)
         src = _source(self.lab)
         grading.submit(self.root, "solution", self.lab, grading.fill_solutions(rel, src))
+        grading.submit(self.root, "solution_without_demos", self.lab, _without_demos(grading.fill_solutions(rel, src)))
         grading.submit(self.root, "release", self.lab, rel)
         for name, kw in self.wrong.items():
             nb = grading.fill_solutions(rel, src, {kw.replaces: kw.source})
             if not FULL_KNOWN_WRONG:
+                nb = _without_demos(nb)
                 nb.cells = nb.cells[: _last_cell(nb, kw.loses) + 1]
             grading.submit(self.root, f"wrong_{name}", self.lab, nb)
         token = uuid.uuid4().hex
@@ -200,6 +208,19 @@ def test_solution_gets_full_marks(lab, graded):
     assert scores, "the solution was not graded\n" + g.explain("solution")
     short = {gid: s for gid, s in scores.items() if s[0] < s[1]}
     assert not short, f"the solution loses points on {short}\n" + g.explain("solution")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("lab", LABS)
+def test_no_test_depends_on_a_demo_cell(lab, graded):
+    """Known-wrong submissions leave the demo cells out; that is only sound if the solution without them keeps
+    full marks (and it is what a student who deleted the demos must get)."""
+    g = graded(lab)
+    scores = g.scores["solution_without_demos"]
+    short = {gid: s for gid, s in scores.items() if s[0] < s[1]}
+    assert scores and not short, (f"without its demo cells the solution loses {short}: a test depends on a demo "
+                                  "cell; move what it needs into a locked cell\n" + g.explain("solution_without_demos"))
 
 
 @pytest.mark.slow
