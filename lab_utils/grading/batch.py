@@ -44,8 +44,13 @@ class Result:
     output: str = ""
 
     @property
+    def notebook(self) -> Path:
+        return self.scratch / WORK / "autograded" / self.student / self.lab / f"{self.lab}.ipynb"
+
+    @property
     def graded(self) -> bool:
-        return bool(self.scores)
+        """nbgrader wrote an autograded notebook (it records empty grades for a notebook it could not read)."""
+        return bool(self.scores) and self.notebook.is_file()
 
     @property
     def points(self) -> tuple[float, float]:
@@ -155,7 +160,7 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
     reasons += _tampered_cells(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb", template, lab)
     reasons += _reasons_from_log(run.output)
     if res.graded and res.points[0] == 0:
-        reasons += _failed_cells(scratch / WORK / "autograded" / student / lab / f"{lab}.ipynb")[:3]
+        reasons += _failed_cells(res.notebook)[:3]
     res.reasons = list(dict.fromkeys(reasons))
     res.seconds = time.monotonic() - start
     return res
