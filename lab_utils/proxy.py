@@ -21,7 +21,6 @@ import builtins
 import os
 import pickle
 import selectors
-import signal
 import socket
 import sys
 import tempfile

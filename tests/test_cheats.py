@@ -6,7 +6,6 @@ Runs twice: with bubblewrap (when it works here) and in the fallback (DTLABS_SAN
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import uuid

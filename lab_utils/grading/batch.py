@@ -143,6 +143,7 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
     """Autograde one submission in a private scratch course (its sandbox starts and ends inside this call)."""
     start = time.monotonic()
     scratch = Path(scratch or tempfile.mkdtemp(prefix=f"dtlabs-grade-{lab}-"))
+    scratch.mkdir(parents=True, exist_ok=True)
     os.chmod(scratch, 0o700)
     (scratch / WORK).mkdir(parents=True, exist_ok=True)
     shutil.copy2(template / WORK / "gradebook.db", scratch / WORK / "gradebook.db")
