@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -221,7 +220,7 @@ def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(
     """Start ``argv`` in a sandbox around ``workdir``; returns the running ``Box`` with its watchdog."""
     limits = limits or Limits()
     cmd, full_env, cwd = command(argv, workdir, env or {})
-    box_mode = "bwrap" if bwrap_path() else "fallback"
+    box_mode = mode()
     if box_mode == "fallback":
         processes.become_subreaper()  # orphans of the submission come back to us, so they can be found
     popen = subprocess.Popen(
@@ -231,13 +230,3 @@ def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(
     box = Box(popen, box_mode, limits)
     threading.Thread(target=box._watch, daemon=True, name="dtlabs-sandbox-watchdog").start()
     return box
-
-
-def wait_gone(box: Box, timeout: float = 5.0) -> bool:
-    """True once no process of the box is left."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if box.popen.poll() is not None and not box.members():
-            return True
-        time.sleep(0.05)
-    return False

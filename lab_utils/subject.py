@@ -40,9 +40,9 @@ class Subject:
     def send(self, msg: dict) -> None:
         try:
             data = plaindata.encode(msg)
-        except plaindata.NotPlainData as exc:
-            data = plaindata.encode({"op": "reply", "ok": False, "ename": "TypeError", "evalue": str(exc),
-                                     "traceback": [f"TypeError: {exc}"]})
+        except plaindata.NotPlainData as exc:  # the student's answer is not plain data: say what it was instead
+            data = plaindata.encode({"op": "reply", "ok": False, "ename": "NotPlainData", "evalue": str(exc),
+                                     "traceback": [f"NotPlainData: {exc}"]})
         with self.send_lock:
             _wire.write_frame(self.sock.fileno(), data)
 
@@ -142,9 +142,6 @@ class Subject:
                                "stuck_ranks": list(getattr(exc, "stuck_ranks", []) or [])}
         return reply
 
-    def _value_reply(self, value) -> dict:
-        return {"ok": True, "value": value}
-
     def handle(self, req: dict) -> dict:
         op = req["op"]
         if op == "run_cell":
@@ -174,13 +171,12 @@ class Subject:
                 value = prewarm()
             else:
                 raise ValueError(f"unknown request {op!r}")
-            plaindata.encode(value)  # fail here, with the student's traceback context, if it is not plain
         except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt from an interrupt included
             return self._error_reply(exc)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-        return self._value_reply(value)
+        return {"ok": True, "value": value}  # encoded once, by send()
 
     def serve(self) -> None:
         threading.Thread(target=self._reader, daemon=True, name="dtlabs-subject-reader").start()
