@@ -6,6 +6,9 @@ TORCH_SPEC ?= torch>=2.4
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# make test runs on JOBS pytest-xdist workers; the tests that share a lab's grading (or a cheat corpus) stay on one.
+JOBS       ?= 2
+PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 
 .PHONY: help install lab test test-gpu test-fast release bench bench-grade doctor mutate stress clean
 
@@ -27,14 +30,14 @@ lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
 	JUPYTER_CONFIG_PATH="$(CURDIR)/grader$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 		$(VENV)/bin/jupyter lab --notebook-dir=labs
 
-test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=2 workers)
+	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); they skip with a reason without CUDA
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed  ## the tests that do not execute whole notebooks
-	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
+test-fast: $(VENV)/.installed  ## the tests that start no notebook, kernel or torchrun job (under a minute)
+	$(PY) -m pytest -m "not slow and not browser" $(PARALLEL) $(PYTEST_ARGS)
 
 release: $(VENV)/.installed  ## regenerate labs/ from solutions/ with nbgrader (commit the result)
 	$(VENV)/bin/dtlabs release

@@ -113,7 +113,7 @@ def _mutate(args) -> int:
     from lab_utils import mutate
 
     return mutate.main(args.lab, n=args.n or None, seed=args.seed, min_kill=args.min_kill, cell_timeout=args.timeout,
-                       timeout=args.lab_timeout, list_only=args.list)
+                       list_only=args.list)
 
 
 def _stress(args) -> int:
@@ -178,8 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, default=20, help="mutants to sample and grade (default 20; 0: all)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     s.add_argument("--min-kill", type=float, default=0.9, help="exit 1 below this kill rate (default 0.9)")
-    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
-    s.add_argument("--lab-timeout", type=float, default=None, help="wall-clock limit for the autograde run")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
     s.add_argument("--list", action="store_true", help="list the sampled mutants, grade nothing")
     s.set_defaults(func=_mutate)
     s = sub.add_parser("stress", help="grade each lab's solution K times with the other cores busy; "

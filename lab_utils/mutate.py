@@ -2,9 +2,9 @@
 
 A test suite that gives the solution full marks and the release zero can still let real mistakes through.
 This module makes *single-change mutants* of every solution region (the code between ``### BEGIN SOLUTION`` and
-``### END SOLUTION``), grades each one exactly as a student's submission is graded (the release with every
-solution cell answered, one region mutated, ``nbgrader autograde`` through ``lab_utils.grading``), and reports
-the mutants that keep full marks: each *survivor* is a mistake the tests do not catch, or an equivalent change.
+``### END SOLUTION``), grades each one through the same split execution as a student's submission (the solution
+with one region mutated, the hidden tests in place), and reports the mutants that keep full marks: each
+*survivor* is a mistake the tests do not catch, or an equivalent change.
 
 Operators (each mutant applies exactly one):
 
@@ -27,8 +27,9 @@ accepted in ``grader/mutants/NN_topic.toml`` with a reason, and is then neither 
     id = "3f2a9c01d4"
     reason = "x.min() and x.min().item() compare the same way against 0.0"
 
-All mutants of one lab are graded in ONE ``nbgrader autograde`` run (one "student" each, plus the unmutated
-solution as a control), each notebook cut after its last test cell so nothing after the tests runs.
+All mutants of one lab are graded in ONE swap session (``lab_utils/grading/swaps.py``): the solution runs once,
+each mutant swaps its cell in, re-runs the cells from there on and is put back; the unmutated solution before the
+first mutant and after the last is the control.
 """
 from __future__ import annotations
 
@@ -37,9 +38,7 @@ import copy
 import difflib
 import hashlib
 import random
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,42 +302,13 @@ class Report:
         return [m for m, k, _ in self.graded if not k]
 
 
-def _last_test_cell(nb) -> int:
-    idx = [i for i, c in enumerate(nb.cells)
-           if c.get("metadata", {}).get("nbgrader", {}).get("grade") and
-           c.get("metadata", {}).get("nbgrader", {}).get("points")]
-    return max(idx) if idx else len(nb.cells) - 1
+def run_mutants(lab: str, mutants: list, *, root: Path | str = grading.REPO_ROOT, cell_timeout=None):
+    """Grade the unmutated solution and every mutant in one swap session (``lab_utils.grading.swaps``): the same
+    split execution as ``autograde``, one kernel and sandbox for all. Returns the session's report."""
+    from lab_utils.grading.swaps import CELL_TIMEOUT_S, Swap, check_swaps
 
-
-def run_mutants(lab: str, mutants: list, *, root: Path | str = grading.REPO_ROOT, cell_timeout=None,
-                timeout=None, workdir: Path | str | None = None, echo=False):
-    """Grade the unmutated solution and every mutant in one autograde run; returns (control, {id: scores}, run)."""
-    import nbformat
-
-    root = Path(root).resolve()
-    course = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"dtlabs-mutate-{lab}-"))
-    try:
-        shutil.copytree(root / "solutions" / lab, course / "solutions" / lab, dirs_exist_ok=True)
-        grading.release([lab], root=course)  # this scratch course's gradebook gets the hidden tests
-        rel = nbformat.read(str(course / "labs" / lab / f"{lab}.ipynb"), as_version=4)
-        src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
-        cut = _last_test_cell(rel) + 1
-
-        def submission(replace=None):
-            nb = grading.fill_solutions(rel, src, replace)
-            nb.cells = nb.cells[:cut]
-            return nb
-
-        grading.submit(course, "control", lab, submission())
-        for m in mutants:
-            grading.submit(course, f"m{m.id}", lab, submission({m.grade_id: m.source}))
-        run = grading.autograde(lab, course_root=course, cell_timeout=cell_timeout, timeout=timeout, echo=echo)
-        control = grading.cell_scores(course, lab, "control")
-        scores = {m.id: grading.cell_scores(course, lab, f"m{m.id}") for m in mutants}
-        return control, scores, run
-    finally:
-        if not workdir:
-            shutil.rmtree(course, ignore_errors=True)
+    return check_swaps(lab, [Swap(m.id, {m.grade_id: m.source}) for m in mutants], root=root,
+                       cell_timeout=cell_timeout or CELL_TIMEOUT_S)
 
 
 def _full_marks(scores: dict) -> bool:
@@ -346,7 +316,7 @@ def _full_marks(scores: dict) -> bool:
 
 
 def mutate(lab: str, *, n: int | None = 20, seed: int = 0, root: Path | str = grading.REPO_ROOT,
-           cell_timeout=None, timeout=None, echo=False) -> Report:
+           cell_timeout=None) -> Report:
     import nbformat
 
     root = Path(root).resolve()
@@ -357,12 +327,15 @@ def mutate(lab: str, *, n: int | None = 20, seed: int = 0, root: Path | str = gr
     pool = [m for m in every if m.id not in accepted_ids]
     chosen = sample(pool, n, seed)
     start = time.monotonic()
-    control, scores, run = run_mutants(lab, chosen, root=root, cell_timeout=cell_timeout, timeout=timeout,
-                                       echo=echo)
-    # a mutant is killed when it loses any point; one that could not be graded at all scores nothing (killed)
-    graded = [(m, not _full_marks(scores[m.id]), scores[m.id]) for m in chosen]
-    return Report(lab, graded, accepted, len(pool), _full_marks(control), control, time.monotonic() - start,
-                  run.output[-3000:])
+    session = run_mutants(lab, chosen, root=root, cell_timeout=cell_timeout)
+    # a mutant is killed when it loses any point (the cells before the mutated one cannot change)
+    graded = [(m, not _full_marks(session.results[m.id].scores), session.results[m.id].scores) for m in chosen]
+    # the control: the solution before the first mutant and after the last (each mutant's cells are put back)
+    control_ok = _full_marks(session.baseline.scores) and _full_marks(session.control.scores) \
+        and not session.restore_errors
+    why = [f"{gid}: {e}" for res in (session.baseline, session.control) for gid, e in res.errors.items()]
+    return Report(lab, graded, accepted, len(pool), control_ok, session.control.scores, time.monotonic() - start,
+                  "\n".join(why + session.restore_errors)[-3000:])
 
 
 def format_report(rep: Report, min_kill: float) -> str:
@@ -370,7 +343,7 @@ def format_report(rep: Report, min_kill: float) -> str:
              f"({len(rep.accepted)} accepted as equivalent, not counted) in {rep.seconds:.0f} s"]
     if not rep.control_ok:
         lines.append(f"CONTROL FAILED: the unmutated solution did not get full marks: {rep.control_scores}\n"
-                     f"nbgrader log tail:\n{rep.output_tail}")
+                     f"why:\n{rep.output_tail}")
     lines.append(f"{'id':<11}{'cell':<28}{'line':>5}  {'operator':<10}{'result':<9}change")
     for m, killed, scores in rep.graded:
         lost = [g for g, (s, mx) in scores.items() if (s or 0) < mx]
@@ -388,8 +361,8 @@ def format_report(rep: Report, min_kill: float) -> str:
     return "\n".join(lines)
 
 
-def main(lab: str, *, n=20, seed=0, min_kill=0.9, root=grading.REPO_ROOT, cell_timeout=None, timeout=None,
-         list_only=False, stream=None) -> int:
+def main(lab: str, *, n=20, seed=0, min_kill=0.9, root=grading.REPO_ROOT, cell_timeout=None, list_only=False,
+         stream=None) -> int:
     """The CLI: 0 when the kill rate reaches ``min_kill`` (and the solution keeps full marks), else 1."""
     import nbformat
 
@@ -405,6 +378,6 @@ def main(lab: str, *, n=20, seed=0, min_kill=0.9, root=grading.REPO_ROOT, cell_t
         for m in sample(pool, n, seed):
             print(f"{m.id:<11}{m.grade_id[:27]:<28}{m.line:>5}  {m.operator:<10}{m.description}", file=stream)
         return 0
-    rep = mutate(lab, n=n, seed=seed, root=root, cell_timeout=cell_timeout, timeout=timeout)
+    rep = mutate(lab, n=n, seed=seed, root=root, cell_timeout=cell_timeout)
     print(format_report(rep, min_kill), file=stream)
     return 0 if rep.control_ok and rep.kill_rate >= min_kill else 1

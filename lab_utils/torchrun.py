@@ -24,8 +24,9 @@ What this module adds around torchrun, and why:
   has node 0 host the store, so node 0's agent waits, after torchrun is done, until this process has seen every
   other agent exit (``DTLABS_AGENT_STORE``: where it asks; capped at ``HOST_WAIT_S``).
 - Ports: c10d's store listens on a port the OS hands out while it binds, so nobody can take it first. The static
-  master port is picked free on 127.0.0.1 and, if another process takes it first (EADDRINUSE), the whole run is
-  retried on a new port.
+  master port is picked free on 127.0.0.1; if another process takes it first, the whole run is retried on a new
+  port. torch reports that (EADDRINUSE) only after a minute of retries, so the harness also looks, once a second
+  until node 0 listens, for another process listening on the port.
 """
 from __future__ import annotations
 
@@ -100,9 +101,8 @@ def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_ra
 
     ``rdzv="static"``: every node is told its ``--node-rank`` and the master's address and port; node 0
     hosts the store. ``rdzv="c10d"``: nodes meet at ``--rdzv-endpoint`` and the rendezvous hands out the
-    node ranks (``GROUP_RANK``), which is what lets torchrun restart or replace nodes. ``rdzv_conf`` (c10d
-    only): extra rendezvous settings, e.g. ``{"is_host": "false"}`` for an agent that joins a store it does
-    not host.
+    node ranks (``GROUP_RANK``), which is what lets torchrun restart or replace nodes. ``rdzv_conf``: extra
+    rendezvous settings, e.g. ``{"is_host": "false"}`` for a c10d agent that joins a store it does not host.
     """
     if rdzv not in ("static", "c10d"):
         raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
@@ -112,8 +112,8 @@ def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_ra
         cmd += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}"]
     else:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{port}", f"--rdzv-id={run_id}"]
-        if rdzv_conf:
-            cmd.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in dict(rdzv_conf).items()))
+    if rdzv_conf:
+        cmd.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in dict(rdzv_conf).items()))
     cmd += [f"--max-restarts={max_restarts}", "--monitor-interval=0.1", str(script), *map(str, script_args)]
     return cmd
 
@@ -230,10 +230,11 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
     open_streams = nnodes
     clash = False
     store = _run_store()
-    rdzv_conf = None
+    rdzv_conf = {}
     if rdzv == "c10d":  # every agent joins the store hosted here; none hosts it, so none can take it away
         port, rdzv_conf = store.port, {"is_host": "false"}
     exited = set()
+    port_ok = False  # a static run: node 0's agent is listening on the master port
     start = next_scan = time.monotonic()
     try:
         for node in range(nnodes):
@@ -265,6 +266,14 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
             if time.monotonic() > next_scan:  # a scan reads /proc: not too often
                 _remember_children(procs, seen)
                 next_scan = time.monotonic() + 1.0
+                if rdzv == "static" and not port_ok:  # torch notices a taken port only after a minute of retries
+                    owners = _listeners(port)
+                    ours = {p.pid for p in procs} | {p.pid for p in seen}
+                    if owners - ours:
+                        lines.append((0, f"port {port} is taken by another process (pid {sorted(map(str, owners))})"))
+                        clash = True
+                        break
+                    port_ok = bool(owners)
             try:
                 node, text = events.get(timeout=0.05)
             except queue.Empty:
@@ -285,6 +294,17 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
             if proc.stdout:
                 proc.stdout.close()
         del store  # only now: every agent is gone
+
+
+def _listeners(port: int) -> set:
+    """Pids listening on ``port`` on this machine (None for a process this user may not see)."""
+    import psutil
+
+    try:
+        return {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    except psutil.Error:
+        return set()
 
 
 def _remember_children(procs, seen):

@@ -1,7 +1,8 @@
 """The cheat corpus (grader/cheats/, see its README) graded the way an instructor grades: no cheat gains anything,
 nothing of the course changes, a victim graded after every attacker keeps full marks, nothing survives.
 
-Runs twice: with bubblewrap (when it works here) and in the fallback (DTLABS_SANDBOX=off).
+Runs twice: with bubblewrap (when it works here) and in the fallback (DTLABS_SANDBOX=off), which grades only the
+attacks whose defence depends on the sandbox mode (grader/cheats/README.md).
 """
 from __future__ import annotations
 
@@ -38,8 +39,12 @@ def _header(path: Path) -> dict:
 
 
 def _corpus(mode: str) -> list[Path]:
-    """Every cheat with the sandbox; in the fallback, those it can stop (the others say why in `sandbox-only`)."""
-    return [p for p in CHEATS if mode == "bwrap" or "sandbox-only" not in _header(p)]
+    """Every cheat with the sandbox. In the fallback, those whose defence depends on the sandbox mode (not `split`
+    alone: that is the same code in both) and that the fallback can stop (the others say why in `sandbox-only`)."""
+    def in_fallback(head):
+        return head.get("defended-by", "").replace(" ", "") != "split" and "sandbox-only" not in head
+
+    return [p for p in CHEATS if mode == "bwrap" or in_fallback(_header(p))]
 
 
 def _tree_digest(root: Path) -> dict:
@@ -135,7 +140,9 @@ def test_the_honest_answer_underneath_scores_zero_and_the_victim_full_marks(corp
 @pytest.mark.parametrize("cheat", [p.stem for p in CHEATS])
 def test_cheat_gains_nothing(corpus, cheat):
     if cheat not in {p.stem for p in _corpus(corpus["mode"])}:
-        pytest.skip(f"{cheat} is stopped only by the sandbox: {_header(REPO / 'grader' / 'cheats' / (cheat + '.py'))['sandbox-only']}")
+        head = _header(REPO / "grader" / "cheats" / (cheat + ".py"))
+        pytest.skip(f"{cheat} is stopped only by the sandbox: {head['sandbox-only']}" if "sandbox-only" in head else
+                    f"{cheat} is defended by split execution alone, the same code in both modes: graded with bwrap")
     honest = _scores(corpus, "honest")
     got = _scores(corpus, f"cheat_{cheat}")
     line = next((x for x in corpus["lines"] if f"cheat_{cheat}/" in x), "(no line)")

@@ -17,6 +17,7 @@ from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB as LAB
 from known_wrong import known_wrong
 
 from lab_utils import cli, grading
+from lab_utils.grading.swaps import Swap, check_swaps, release_swap
 from lab_utils.grading.validate import _wrap_error
 
 
@@ -90,6 +91,15 @@ def test_grade_batch_survives_broken_and_hanging_submissions(synthetic_course, t
     assert "add is wrong for negative or fractional numbers" in wrong_page, "the hidden check's message is for students"
     # the autograded notebook (instructor side) still has them: proof the leak was real and is handled
     assert HIDDEN_SOURCE in (root / "grader/work/autograded/wrong" / LAB / f"{LAB}.ipynb").read_text()
+
+    # the swap session (how test_labs.py and `dtlabs mutate` prove a lab's tests) gives every cell the verdict that
+    # grading each submission alone just gave
+    session = check_swaps(LAB, [release_swap(LAB, root), Swap("wrong", {wrong.replaces: wrong.source})], root=root)
+    alone = {s: grading.cell_scores(root, LAB, s) for s in ("good", "stub", "wrong")}
+    assert session.baseline.scores == alone["good"], (session.baseline.scores, alone["good"])
+    assert session.results["release"].scores == alone["stub"], (session.results["release"].scores, alone["stub"])
+    assert session.results["wrong"].scores == alone["wrong"], (session.results["wrong"].scores, alone["wrong"])
+    assert session.control.scores == alone["good"] and not session.restore_errors
 
 
 def test_feedback_preprocessor_removes_hidden_region_and_redacts_traceback():

@@ -1,12 +1,15 @@
 """Every lab, proved the same way (AUTHORING.md, "What CI proves"), discovered from solutions/*/:
 
 1. the solution runs under papermill with parameters injected (CPU, gloo), cwd at the notebook's folder;
-2. ``nbgrader autograde`` gives the solution full marks and the untouched release zero, and finishes;
-3. each known-wrong submission (grader/known_wrong/NN_topic/*.py) loses points on every cell it names;
+2. ``nbgrader autograde`` (sandbox, split execution, gradebook) gives the solution full marks;
+3. the solution without its demo cells keeps full marks, the untouched release scores zero and finishes, and each
+   known-wrong answer (grader/known_wrong/NN_topic/*.py) loses points on every cell it names;
 4. nothing the notebooks started (ranks, zygotes, torchrun agents and workers, kernels) survives.
 
-For speed, all submissions of one lab (the solution, the release, each known-wrong: one "student" each)
-are autograded in ONE nbgrader run in a temporary course; the tests of that lab share its gradebook.
+Point 3 runs in one ``check_swaps`` session per lab (lab_utils/grading/swaps.py): the same split execution and
+sandbox as autograde, one kernel and subject for every answer instead of one each (a known-wrong answer cost ~12 s
+as its own submission, ~1 s as a swap). DTLABS_FULL_AUTOGRADE=1 grades each of them as its own submission in the
+nbgrader run instead, as a student's would be (the GPU and nightly jobs do).
 """
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ import uuid
 
 import nbformat
 import pytest
-from conftest import LAB_POINTS, LAB_TIMINGS, TEST_TOKEN_VAR, assert_no_leftovers
+from conftest import TEST_TOKEN_VAR, assert_no_leftovers, record_lab
 
 from lab_utils import grading
+from lab_utils.grading.swaps import Swap, check_swaps, release_swap
 from known_wrong import known_wrong
 
 REPO = grading.REPO_ROOT
@@ -27,11 +31,11 @@ LABS = grading.discover_labs(REPO)
 WRONG = [(lab, kw.name) for lab in LABS for kw in known_wrong(lab, REPO)]
 PARAMETERS = {"WORLD_SIZE": 2, "BACKEND": "gloo"}
 LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "1500"))
-# A known-wrong submission ends after the last cell it must lose points on (the cells after it cannot change that
-# verdict; nbgrader grades missing cells as 0, as for a student who deleted them), and it leaves out the demo cells
-# (student-writable cells that are neither answers nor course cells), which no test may depend on: the "solution
-# without demos" student proves that, by keeping full marks. DTLABS_KNOWN_WRONG_FULL=1 runs them whole.
-FULL_KNOWN_WRONG = os.environ.get("DTLABS_KNOWN_WRONG_FULL", "") not in ("", "0")
+# A known-wrong answer is graded up to the last cell it must lose points on (the cells after it cannot change that
+# verdict) and without the demo cells (student-writable cells that are neither answers nor course cells), which no
+# test may depend on: the solution without demos proves that, by keeping full marks.
+FULL_AUTOGRADE = os.environ.get("DTLABS_FULL_AUTOGRADE", "") not in ("", "0")
+SESSION_CELL_TIMEOUT_S = 120
 
 
 def _source(lab):
@@ -82,7 +86,7 @@ def test_known_wrong_submission_names_real_cells(lab, name):
 
 
 # ------------------------------------------------------------------------------------------ papermill
-def _papermill(lab, tmp_path, parameters, timing_key):
+def _papermill(lab, tmp_path, parameters, timing_key, node):
     """Execute the solution beside a copy of its folder (a lab may write files); return the executed notebook."""
     import papermill
 
@@ -94,15 +98,15 @@ def _papermill(lab, tmp_path, parameters, timing_key):
         str(work / f"{lab}.ipynb"), str(out), parameters=parameters, cwd=str(work), kernel_name="python3",
         progress_bar=False, log_output=False, execution_timeout=300,
     )
-    LAB_TIMINGS.setdefault(lab, {})[timing_key] = time.monotonic() - start
+    record_lab(node, lab, {timing_key: time.monotonic() - start})
     return nbformat.read(str(out), as_version=4)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("lab", LABS)
-def test_solution_runs_under_papermill(lab, tmp_path, no_leaked_processes):
-    executed = _papermill(lab, tmp_path, PARAMETERS, "papermill_s")
+def test_solution_runs_under_papermill(lab, tmp_path, no_leaked_processes, request):
+    executed = _papermill(lab, tmp_path, PARAMETERS, "papermill_s", request.node)
     injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and "BACKEND = \"gloo\"" in injected[0].source, "papermill did not inject the parameters"
 
@@ -117,12 +121,13 @@ def _gpus() -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("lab", LABS)
-def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_processes):
+def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_processes, request):
     """GPU runners: the same solution with BACKEND="auto", one rank per GPU (up to 4), so launch() picks NCCL."""
     gpus = _gpus()
     if gpus < 2:
         pytest.skip(f"needs 2 CUDA GPUs for NCCL with one GPU per rank (found {gpus})")
-    executed = _papermill(lab, tmp_path, {"WORLD_SIZE": min(gpus, 4), "BACKEND": "auto"}, "papermill_gpu_s")
+    executed = _papermill(lab, tmp_path, {"WORLD_SIZE": min(gpus, 4), "BACKEND": "auto"}, "papermill_gpu_s",
+                          request.node)
     text = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", [])
                    if o.get("output_type") == "stream")
     assert "nccl" in text.lower(), "launch() did not report NCCL on a machine with a GPU per rank"
@@ -130,34 +135,31 @@ def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_proces
 
 # ------------------------------------------------------------------------------------------ autograde
 class LabGrades:
-    """One nbgrader autograde run over every submission of one lab, and its results."""
+    """A lab's verdicts: the solution graded by a real ``nbgrader autograde`` (sandbox, split execution, gradebook),
+    and the rest (the solution without demos, the release, each known-wrong answer) by one ``check_swaps`` session
+    (lab_utils/grading/swaps.py: the same split execution, one kernel and sandbox for all of them). With
+    DTLABS_FULL_AUTOGRADE=1 every one of them is its own submission in the nbgrader run instead (GPU/nightly job)."""
 
     def __init__(self, lab, root):
         self.lab, self.root = lab, root
         self.wrong = {kw.name: kw for kw in known_wrong(lab, REPO)}
-        self.students = ["solution", "solution_without_demos", "release"] + [f"wrong_{n}" for n in self.wrong]
+        self.graded_alone = ["solution"]
+        if FULL_AUTOGRADE:
+            self.graded_alone += ["solution_without_demos", "release"] + [f"wrong_{n}" for n in self.wrong]
         self.run = None
+        self.session = None
         self.scores = {}
+        self.timed_out = {}
+        self.timings = {}
         self.leftovers = None
 
     def grade(self):
-        shutil.copytree(REPO / "solutions" / self.lab, self.root / "solutions" / self.lab)
-        grading.release([self.lab], root=self.root)  # fills this course's gradebook with the hidden tests
-        rel = nbformat.read(str(self.root / "labs" / self.lab / f"{self.lab}.ipynb"), as_version=4)
-        src = _source(self.lab)
-        grading.submit(self.root, "solution", self.lab, grading.fill_solutions(rel, src))
-        grading.submit(self.root, "solution_without_demos", self.lab, _without_demos(grading.fill_solutions(rel, src)))
-        grading.submit(self.root, "release", self.lab, rel)
-        for name, kw in self.wrong.items():
-            nb = grading.fill_solutions(rel, src, {kw.replaces: kw.source})
-            if not FULL_KNOWN_WRONG:
-                nb = _without_demos(nb)
-                nb.cells = nb.cells[: _last_cell(nb, kw.loses) + 1]
-            grading.submit(self.root, f"wrong_{name}", self.lab, nb)
         token = uuid.uuid4().hex
         os.environ[TEST_TOKEN_VAR] = token
         try:
-            self.run = grading.autograde(self.lab, course_root=self.root, timeout=LAB_AUTOGRADE_LIMIT_S)
+            self._autograde()
+            if not FULL_AUTOGRADE:
+                self._session()
         finally:
             os.environ.pop(TEST_TOKEN_VAR, None)
         try:
@@ -165,11 +167,42 @@ class LabGrades:
             self.leftovers = []
         except AssertionError as exc:
             self.leftovers = [str(exc)]
-        self.scores = {s: grading.cell_scores(self.root, self.lab, s) for s in self.students}
-        LAB_POINTS[self.lab] = {s: self._points(s) for s in self.students}
-        LAB_TIMINGS.setdefault(self.lab, {}).update(
-            autograde_s=self.run.seconds, submissions=len(self.students), reaped=len(self.run.reaped))
         return self
+
+    @property
+    def points(self) -> dict:
+        return {s: self._points(s) for s in self.scores}
+
+    def _autograde(self):
+        shutil.copytree(REPO / "solutions" / self.lab, self.root / "solutions" / self.lab)
+        grading.release([self.lab], root=self.root)  # fills this course's gradebook with the hidden tests
+        rel = nbformat.read(str(self.root / "labs" / self.lab / f"{self.lab}.ipynb"), as_version=4)
+        src = _source(self.lab)
+        grading.submit(self.root, "solution", self.lab, grading.fill_solutions(rel, src))
+        if FULL_AUTOGRADE:
+            grading.submit(self.root, "solution_without_demos", self.lab,
+                           _without_demos(grading.fill_solutions(rel, src)))
+            grading.submit(self.root, "release", self.lab, rel)
+            for name, kw in self.wrong.items():
+                nb = _without_demos(grading.fill_solutions(rel, src, {kw.replaces: kw.source}))
+                nb.cells = nb.cells[: _last_cell(nb, kw.loses) + 1]
+                grading.submit(self.root, f"wrong_{name}", self.lab, nb)
+        self.run = grading.autograde(self.lab, course_root=self.root, timeout=LAB_AUTOGRADE_LIMIT_S)
+        for s in self.graded_alone:
+            self.scores[s] = grading.cell_scores(self.root, self.lab, s)
+        self.timings.update(autograde_s=self.run.seconds, graded_alone=len(self.graded_alone),
+                            reaped=len(self.run.reaped))
+
+    def _session(self):
+        swaps = [release_swap(self.lab)] + [Swap(f"wrong_{n}", {kw.replaces: kw.source}, until=_last_loses(kw))
+                                            for n, kw in self.wrong.items()]
+        self.session = check_swaps(self.lab, swaps, cell_timeout=SESSION_CELL_TIMEOUT_S)
+        self.scores["solution_without_demos"] = self.session.baseline.scores
+        self.scores["control"] = self.session.control.scores
+        for name, res in self.session.results.items():
+            self.scores[name] = res.scores
+            self.timed_out[name] = res.timed_out
+        self.timings.update(swap_session_s=self.session.seconds, swaps=len(swaps))
 
     def _points(self, student) -> str:
         """'7/10' for a whole submission; for a known-wrong one, its points on the cells it must lose."""
@@ -177,20 +210,30 @@ class LabGrades:
         if student.startswith("wrong_"):
             kw = self.wrong[student[len("wrong_"):]]
             return ", ".join(f"{t} {sc.get(t, (0, 0))[0]:g}/{sc.get(t, (0, 0))[1]:g}" for t in kw.loses)
-        return f"{sum(e for e, _ in sc.values()):g}/{sum(m for _, m in sc.values()):g}"
+        return f"{sum(e or 0 for e, _ in sc.values()):g}/{sum(m for _, m in sc.values()):g}"
 
     def explain(self, student):
-        return f"{student}: {self.scores.get(student)}\nnbgrader log tail:\n{self.run.output[-3000:]}"
+        if student in self.graded_alone:
+            return f"{student}: {self.scores.get(student)}\nnbgrader log tail:\n{self.run.output[-3000:]}"
+        res = self.session.results.get(student) or self.session.baseline
+        return (f"{student}: {self.scores.get(student)} (graded in the swap session, sandbox {self.session.mode})\n"
+                + "\n".join(f"  {gid}: {err}" for gid, err in res.errors.items()))
+
+
+def _last_loses(kw):
+    nb = _source(kw.path.parent.name)
+    return max(kw.loses, key=lambda gid: max(i for i, c in enumerate(nb.cells) if _meta(c).get("grade_id") == gid))
 
 
 _GRADED: dict = {}
 
 
 @pytest.fixture
-def graded(tmp_path_factory):
+def graded(tmp_path_factory, request):
     def get(lab) -> LabGrades:
         if lab not in _GRADED:
-            _GRADED[lab] = LabGrades(lab, tmp_path_factory.mktemp(f"course-{lab}")).grade()
+            _GRADED[lab] = g = LabGrades(lab, tmp_path_factory.mktemp(f"course-{lab}")).grade()
+            record_lab(request.node, lab, g.timings, g.points)
         return _GRADED[lab]
     return get
 
@@ -229,6 +272,7 @@ def test_no_test_depends_on_a_demo_cell(lab, graded):
 def test_untouched_release_gets_zero_and_finishes(lab, graded):
     g = graded(lab)
     assert not g.run.timed_out, f"autograde of {lab} ran past {LAB_AUTOGRADE_LIMIT_S} s: a stub hangs?"
+    assert not g.timed_out.get("release"), f"on the release stub, {g.timed_out['release']} ran past the cell limit"
     scores = g.scores["release"]
     assert scores, "the release stub was not graded\n" + g.explain("release")
     earned = {gid: s for gid, s in scores.items() if s[0] > 0}
@@ -250,6 +294,22 @@ def test_known_wrong_submission_loses_points(lab, name, graded):
         f"{kw.path.name} ({kw.mistake}) should lose points on {kw.loses} but keeps full marks on {kept}: "
         f"the hidden tests of {kept} do not catch this mistake\n" + g.explain(student))
     assert full, "the solution was not graded"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("lab", LABS)
+def test_swaps_leave_the_session_as_they_found_it(lab, graded):
+    """Each swap puts the solution back; at the end every test passes again, or a swap's verdict may be another's."""
+    g = graded(lab)
+    if g.session is None:
+        pytest.skip("DTLABS_FULL_AUTOGRADE=1: every answer was graded as its own submission")
+    assert not g.session.restore_errors, f"putting the solution back failed: {g.session.restore_errors}"
+    short = {gid: s for gid, s in g.scores["control"].items() if (s[0] or 0) < s[1]}
+    assert not short, (f"after the swaps the solution loses {short}: a swapped answer changed state that the "
+                       f"solution's cells do not set again\n" + "\n".join(
+                           f"  {gid}: {e}" for gid, e in g.session.control.errors.items()))
+    assert g.session.mode != "unknown" and not g.session.mode.startswith("no subject"), g.session.mode
 
 
 @pytest.mark.slow

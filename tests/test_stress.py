@@ -1,8 +1,9 @@
 """`dtlabs stress`: an honest solution gets full marks on every run, with the machine's other cores busy.
 
 The labs listed in STRESS_LABS race processes or depend on timing (Lab 05 starts real torchrun agents and kills
-one mid-run). `make test` grades each of them K times under load; K is 1 here (one autograde of Lab 05 takes
-minutes on 2 shared cores) and DTLABS_STRESS_K raises it. `make stress K=10` is the full check.
+one mid-run). With DTLABS_STRESS_K=K this grades each of them K times with the other cores busy; `make stress K=10`
+grades every lab 10 times. `make test` leaves that out (one autograde of Lab 05 under load takes minutes): there,
+test_labs.py grades Lab 05's solution once while the other pytest worker loads the machine.
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ import pytest
 from lab_utils import stress
 
 STRESS_LABS = ["05_multi_node"]
-K = int(os.environ.get("DTLABS_STRESS_K", "1"))
+K = int(os.environ.get("DTLABS_STRESS_K", "0"))
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(max(600, 1500 * K))
+@pytest.mark.skipif(K < 1, reason="set DTLABS_STRESS_K=K (or run make stress): K gradings under load take minutes each")
+@pytest.mark.timeout(max(600, 1500 * max(K, 1)))
 @pytest.mark.parametrize("lab", STRESS_LABS)
 def test_solution_gets_full_marks_every_run_under_load(lab, no_leaked_processes):
     out = io.StringIO()

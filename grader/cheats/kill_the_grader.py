@@ -1,5 +1,5 @@
 # attack: kill the parent process (the grader's kernel, where the subject is not sandboxed) to void grading
-# defended-by: split
+# defended-by: split, sandbox
 import os
 import signal
 

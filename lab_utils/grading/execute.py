@@ -17,6 +17,7 @@ answer cell gets its own source back, so the autograded notebook and the feedbac
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from nbformat.v4 import new_code_cell
@@ -83,6 +84,14 @@ class SplitExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         resources = resources if resources is not None else {}
+        with self.split(nb, resources):
+            nb, resources = super().preprocess(nb, resources, km)
+        return nb, resources
+
+    @contextlib.contextmanager
+    def split(self, nb, resources):
+        """Route the cells and put the subject-starting cell first; yields every cell's route while it runs
+        (the first cell's is None), and gives the answer cells their own source back afterwards."""
         route = routes(nb, resources)
         originals = {}
         shared = []
@@ -100,7 +109,7 @@ class SplitExecute(Execute):
         )
         nb.cells.insert(0, preamble)
         try:
-            nb, resources = super().preprocess(nb, resources, km)
+            yield [None, *route]
         finally:
             first = nb.cells.pop(0)
             for i, src in originals.items():
@@ -109,4 +118,3 @@ class SplitExecute(Execute):
         if errors and report:  # the sandbox never started: every answer is missing, and the batch says why
             with open(report, "a") as fh:
                 fh.write(f"sandbox did not start: {errors[0].get('ename')}: {errors[0].get('evalue')}\n")
-        return nb, resources

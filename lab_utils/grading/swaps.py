@@ -1,0 +1,215 @@
+"""Many answers, one grading session: how each swapped answer scores, without a kernel and sandbox per answer.
+
+Proving a lab's tests (the release scores zero, each known-wrong answer loses the cells it names, a mutant loses
+something) used to cost one whole ``nbgrader autograde`` submission per answer: a kernel, a sandboxed subject and a
+rank server, each importing torch (3 s of CPU apiece on a CI core), for a few seconds of tests. Here one session
+grades them all, through the same split execution as ``autograde`` (``SplitExecute``: answers in the sandboxed
+subject, tests in the grader kernel, scores by nbgrader's own ``determine_grade``):
+
+1. the lab's source notebook runs once with the solution typed in and the demo cells left out: the *baseline*;
+2. each swap replaces one or more answer cells, re-runs every cell from the first replaced one on (up to the last
+   graded cell that matters to it), and scores the graded cells it ran;
+3. the solution's cells are run again (restoring the session), and the next swap starts;
+4. at the end every graded cell runs once more: the *control*, which must equal the baseline, or a swap left the
+   session changed and the verdicts after it cannot be trusted.
+
+It is a test of the tests, not a grade: a student's submission is always graded alone (``dtlabs grade``). The same
+answers graded one submission each (``DTLABS_FULL_AUTOGRADE=1`` in tests/test_labs.py) give the same verdicts,
+and tests/test_grading_cli.py checks that on the synthetic lab.
+"""
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from lab_utils.grading.build import solution_cells
+from lab_utils.grading.course import REPO_ROOT
+from lab_utils.grading.execute import SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
+
+CELL_TIMEOUT_S = 120
+
+
+@dataclass
+class Swap:
+    """Answer cells replaced (grade_id -> source); ``until``: the last graded cell that matters (None: all)."""
+
+    name: str
+    answers: dict
+    until: str | None = None
+
+
+@dataclass
+class SwapResult:
+    scores: dict                                  # grade_id -> (earned, possible) of the graded cells it ran
+    errors: dict = field(default_factory=dict)    # grade_id -> the first error line of each cell that lost points
+    timed_out: list = field(default_factory=list)  # grade_ids of cells that ran past the cell limit
+    seconds: float = 0.0
+
+
+@dataclass
+class SwapReport:
+    lab: str
+    baseline: SwapResult
+    results: dict                                 # swap name -> SwapResult
+    control: SwapResult
+    restore_errors: list                          # "swap: cell: error" where putting the solution back failed
+    mode: str                                     # the sandbox mode of the session's subject
+    seconds: float
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _graded(cell) -> bool:
+    return bool(_meta(cell).get("grade") and _meta(cell).get("points") is not None and not _meta(cell).get("solution"))
+
+
+def session_notebook(source_nb):
+    """The source with the solution typed in (markers stripped) and the demo cells (no nbgrader metadata) left out:
+    what a student who deleted the demos submits, with the hidden tests in place as autograde puts them back."""
+    answers = solution_cells(source_nb)
+    nb = copy.deepcopy(source_nb)
+    nb.cells = [c for c in nb.cells if c.cell_type != "code" or _meta(c)]
+    for cell in nb.cells:
+        if _meta(cell).get("solution"):
+            cell.source = answers[_meta(cell)["grade_id"]]
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def release_swap(lab: str, root: Path | str = REPO_ROOT) -> Swap:
+    """The untouched release: every answer cell as ``labs/`` ships it (its stub)."""
+    rel = nbformat.read(str(Path(root) / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    return Swap("release", {_meta(c)["grade_id"]: c.source for c in rel.cells if _meta(c).get("solution")})
+
+
+class SwapSession(SplitExecute):
+    """``SplitExecute`` that keeps its kernel and subject across many swapped answers (module docstring)."""
+
+    def check(self, nb, workdir: str, swaps) -> SwapReport:
+        start = time.monotonic()
+        resources = {"metadata": {"path": workdir}}
+        with self.split(nb, resources) as route:
+            NotebookClient.__init__(self, nb, None)
+            self.reset_execution_trackers()
+            self._check_assign_resources(resources)
+            with self.setup_kernel():
+                self.wait_for_reply(self.kc.kernel_info())
+                self.routes = route
+                self.execute_cell(nb.cells[0], 0, store_history=False)  # starts the subject
+                mode = _mode(nb.cells[0])
+                baseline = self._run(range(1, len(nb.cells)), {})
+                results, restore_errors = {}, []
+                for swap in swaps:
+                    span = self._span(swap)
+                    results[swap.name] = self._run(span, swap.answers)
+                    restore_errors += [f"{swap.name}: {e}" for e in self._restore(span)]
+                control = self._run([i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _graded(c)], {})
+        return SwapReport("", baseline, results, control, restore_errors, mode, time.monotonic() - start)
+
+    # -------------------------------------------------------------------------------------------- internals
+    def _span(self, swap: Swap) -> range:
+        cells = self.nb.cells
+        first = [i for i, c in enumerate(cells) if _meta(c).get("solution") and _meta(c)["grade_id"] in swap.answers]
+        if not first:
+            raise ValueError(f"swap {swap.name!r} names no answer cell of this lab: {sorted(swap.answers)}")
+        last = len(cells) - 1
+        if swap.until:
+            ends = [i for i, c in enumerate(cells) if _meta(c).get("grade_id") == swap.until]
+            if not ends:
+                raise ValueError(f"swap {swap.name!r}: no graded cell {swap.until!r}")
+            last = ends[-1]
+        return range(min(first), last + 1)
+
+    def _run(self, indices, answers: dict) -> SwapResult:
+        """Run cells ``indices`` (answers swapped in); the scores of the graded ones among them."""
+        start = time.monotonic()
+        out = SwapResult({})
+        for i in indices:
+            cell = self.nb.cells[i]
+            if cell.cell_type != "code":
+                continue
+            run = copy.deepcopy(cell)
+            gid = _meta(cell).get("grade_id")
+            if self.routes[i] == STUDENT and gid in answers:
+                run.source = STUDENT_MAGIC + answers[gid]
+            self._execute_copy(run, i)
+            if _graded(cell):
+                from nbgrader.utils import determine_grade
+
+                out.scores[gid] = determine_grade(run)
+                if out.scores[gid][0] != out.scores[gid][1]:
+                    out.errors[gid] = _first_error(run)
+                if any(o.get("ename") == "CellTimeoutError" for o in run.outputs):
+                    out.timed_out.append(gid)
+        out.seconds = time.monotonic() - start
+        return out
+
+    def _execute_copy(self, run, i) -> None:
+        """Execute ``run`` as cell ``i`` (nbclient puts the cell it ran into the notebook: the original goes back)."""
+        original = self.nb.cells[i]
+        run.outputs = []
+        try:
+            self.execute_cell(run, i, store_history=False)
+        finally:
+            self.nb.cells[i] = original
+
+    def _restore(self, span) -> list[str]:
+        """Put the solution back: the answer and course cells of the span, run again as they are."""
+        errors = []
+        for i in span:
+            cell = self.nb.cells[i]
+            if cell.cell_type != "code" or self.routes[i] not in (STUDENT, SHARED):
+                continue
+            run = copy.deepcopy(cell)
+            self._execute_copy(run, i)
+            errors += [f"{_meta(cell).get('grade_id', cell.get('id'))}: {o.get('ename')}: {o.get('evalue')}"
+                       for o in run.outputs if o.get("output_type") == "error"]
+        return errors
+
+
+def _first_error(cell) -> str:
+    for o in cell.outputs:
+        if o.get("output_type") == "error":
+            return f"{o.get('ename')}: {o.get('evalue')}"[:500]
+        if o.get("output_type") == "stream" and o.get("name") == "stderr":
+            return "stderr: " + o.get("text", "")[:500]
+    return "partial credit"
+
+
+def _mode(preamble) -> str:
+    """The sandbox mode ``start_grading`` returned in the first cell, or why the subject did not start."""
+    for o in preamble.get("outputs", []):
+        if o.get("output_type") == "execute_result":
+            return o["data"].get("text/plain", "").strip("'\"")
+        if o.get("output_type") == "error":
+            return f"no subject: {o.get('ename')}: {o.get('evalue')}"
+    return "unknown"
+
+
+def check_swaps(lab: str, swaps, *, root: Path | str = REPO_ROOT, cell_timeout: int = CELL_TIMEOUT_S) -> SwapReport:
+    """Grade ``swaps`` of ``lab`` in one session (module docstring); nothing it starts outlives it."""
+    root = Path(root)
+    nb = session_notebook(nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4))
+    work = Path(tempfile.mkdtemp(prefix=f"dtlabs-swaps-{lab}-"))
+    try:
+        release = root / "labs" / lab
+        for item in release.iterdir() if release.is_dir() else ():  # the data files a submission holds, no notebook
+            if item.suffix != ".ipynb" and not item.name.startswith("."):
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, work / item.name)
+        session = SwapSession(timeout=cell_timeout, interrupt_on_timeout=True, raise_on_iopub_timeout=False,
+                              allow_errors=True, kernel_name="python3")
+        report = session.check(nb, str(work), swaps)
+        report.lab = lab
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
