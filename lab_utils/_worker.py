@@ -16,7 +16,6 @@ The rank reads one cloudpickled job frame on stdin (fd 0) and writes one result 
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -25,11 +24,9 @@ import sys
 import threading
 import time
 
-from lab_utils import _wire
+from lab_utils import _wire, processes
 
 RESULT_FD = 3
-PR_SET_NAME = 15
-PR_SET_PDEATHSIG = 1
 
 # Imported right away (a cold launch waits for these) ...
 CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
@@ -51,43 +48,10 @@ WARM_IMPORTS = [
 ]
 
 
-def _libc():
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:  # pragma: no cover - non-POSIX
-        return None
-
-
-def _set_name(name: str) -> None:
-    """Name the process (what ps/psutil show as its name) so tests and students can find ranks."""
-    libc = _libc()
-    if libc is not None and sys.platform.startswith("linux"):
-        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-
-
-def _die_with_parent(expected_parent: int) -> None:
-    """Linux: SIGKILL us when our parent dies. Elsewhere the watchdog thread below covers it."""
-    libc = _libc()
-    if libc is not None and sys.platform.startswith("linux"):
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != expected_parent:  # parent died before prctl took effect
-        os._exit(1)
-
-
-def _watch_parent(expected_parent: int, interval: float = 0.5) -> None:
-    def loop():
-        while True:
-            time.sleep(interval)
-            if os.getppid() != expected_parent:
-                os._exit(1)
-
-    threading.Thread(target=loop, name="dtlabs-parent-watch", daemon=True).start()
-
-
 # --------------------------------------------------------------------------------------------- zygote
 def zygote_main(sock_fd: int, launcher_pid: int) -> None:
-    _set_name("dtlabs-zygote")
-    _die_with_parent(launcher_pid)
+    processes.set_name("dtlabs-zygote")
+    processes.die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is the launcher's to handle
     sock = socket.socket(fileno=sock_fd)
     for name in CORE_IMPORTS:
@@ -145,18 +109,14 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
                 break
     finally:
         for pid in children:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            processes.killpg_quiet(pid)
 
 
 # ----------------------------------------------------------------------------------------------- rank
 def _rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: int) -> None:
     os.setsid()  # own process group: the launcher kills rank + its children with one killpg
-    _set_name(f"dtlabs-rank{rank}")
-    _die_with_parent(zygote_pid)
-    _watch_parent(zygote_pid)
+    processes.set_name(f"dtlabs-rank{rank}")
+    processes.die_with_parent(zygote_pid, watch_s=0.5)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     job_r, out_w, err_w, result_w = fds
     os.dup2(job_r, 0)
