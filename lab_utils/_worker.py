@@ -27,6 +27,7 @@ import time
 from lab_utils import _wire, processes
 
 RESULT_FD = 3
+RANK_MARK = "DTLABS_RANK_PID"  # in every rank's environment: the programs a rank starts carry its pid
 
 # Imported right away (a cold launch waits for these) ...
 CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
@@ -51,7 +52,11 @@ WARM_IMPORTS = [
 # --------------------------------------------------------------------------------------------- zygote
 def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     processes.set_name("dtlabs-zygote")
-    processes.die_with_parent(launcher_pid)
+    # Every process under us stays ours: orphaned rank children (own-session ones included) re-parent to the
+    # zygote, which kills them when their rank is gone and kills everything under it before it exits.
+    processes.become_subreaper()
+    signal.signal(signal.SIGTERM, _exit_with_descendants)
+    processes.die_with_parent(launcher_pid, sig=signal.SIGTERM)  # the launcher died: clean up, then exit
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is the launcher's to handle
     sock = socket.socket(fileno=sock_fd)
     for name in CORE_IMPORTS:
@@ -64,16 +69,23 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     try:
         while True:
             # Reap exited ranks and report their status (the launcher cannot waitpid on our children).
-            while children:
+            # Adopted orphans are reaped here too, silently.
+            rank_ended = False
+            while True:
                 try:
                     pid, status = os.waitpid(-1, os.WNOHANG)
                 except ChildProcessError:
                     break
                 if pid == 0:
                     break
+                if pid not in children:
+                    continue
                 children.discard(pid)
+                rank_ended = True
                 code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
                 _wire.send_json(sock, {"op": "exit", "pid": pid, "status": code})
+            if rank_ended:
+                _kill_orphans(children)
             if os.getppid() != launcher_pid:
                 break
             timeout = 0.0 if pending_imports else 0.05
@@ -110,6 +122,36 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     finally:
         for pid in children:
             processes.killpg_quiet(pid)
+        processes.kill_descendants()
+
+
+def _exit_with_descendants(signum, frame):
+    """SIGTERM (the launcher's death or ``shutdown``): no rank, nor anything a rank started, outlives us."""
+    processes.kill_descendants()
+    os._exit(0)
+
+
+def _kill_orphans(live_ranks: set) -> None:
+    """Kill the adopted orphans (and their trees) whose rank has ended.
+
+    A rank marks its environment with ``DTLABS_RANK_PID``, so the programs it starts carry its pid; an orphan
+    without the mark (a forked-only child that left the rank's session) is killed once no rank is running."""
+    import psutil
+
+    try:
+        orphans = [p for p in psutil.Process().children() if p.pid not in live_ranks]
+    except psutil.Error:
+        return
+    doomed = []
+    for p in orphans:
+        try:
+            owner = p.environ().get(RANK_MARK)
+        except (psutil.Error, OSError):
+            owner = None
+        if (owner is None and not live_ranks) or (owner is not None and int(owner) not in live_ranks):
+            doomed.append(p)
+    if doomed:
+        processes.kill_procs([q for p in doomed for q in processes.tree(p.pid)], wait_s=0)
 
 
 # ----------------------------------------------------------------------------------------------- rank
@@ -118,6 +160,7 @@ def _rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: i
     processes.set_name(f"dtlabs-rank{rank}")
     processes.die_with_parent(zygote_pid, watch_s=0.5)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's clean-up handler is not ours
     job_r, out_w, err_w, result_w = fds
     os.dup2(job_r, 0)
     os.dup2(out_w, 1)
@@ -155,6 +198,7 @@ def run_rank() -> int:
     job = cloudpickle.loads(frame)
     os.environ.clear()
     os.environ.update(job["env"])
+    os.environ[RANK_MARK] = str(os.getpid())
     os.chdir(job["cwd"])
     for p in reversed(job["sys_path"]):
         if p not in sys.path:

@@ -16,13 +16,16 @@ What it promises, and how:
   ``RankFailedError`` naming the root-cause rank with its remote traceback; a rank stuck past ``timeout``
   gets its Python stack dumped (faulthandler) into ``RankTimeoutError`` before everything is killed.
 - Nothing survives: each rank is its own process group (killed with ``killpg``), ranks die with the zygote
-  and the zygote dies with this process (``PR_SET_PDEATHSIG`` on Linux, a parent watchdog elsewhere).
+  and the zygote dies with this process (``PR_SET_PDEATHSIG`` on Linux, a parent watchdog elsewhere). The
+  zygote is the child subreaper of everything under it: what a rank started (own-session children included)
+  is killed when the rank ends, and everything under the zygote when it stops or this process dies.
 """
 from __future__ import annotations
 
 import atexit
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -102,11 +105,16 @@ class _Zygote:
             _wire.send_json(self.sock, {"op": "fork", "rank": rank}, fds=fds)
 
     def stop(self):
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        """SIGTERM first: the zygote kills every process under it (ranks and whatever they started), then exits."""
+        for sig, wait_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 5)):
+            try:
+                self.proc.send_signal(sig)
+                self.proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            except OSError:
+                break
         self.sock.close()
 
 

@@ -158,6 +158,17 @@ def kill_procs(procs, wait_s: float = 5.0) -> list[str]:
     return killed
 
 
+def kill_descendants(pid: int | None = None) -> list[str]:
+    """Kill every live descendant of ``pid`` (default: this process) and the groups they lead."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.Error:
+        return []
+    return kill_procs(procs, wait_s=0)
+
+
 def kill_tree(pid: int, include_orphans: bool = False) -> list[str]:
     """Kill ``pid``'s group and every process of its tree (see ``tree``)."""
     killpg_quiet(pid)
