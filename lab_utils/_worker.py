@@ -257,6 +257,80 @@ def _call_in_group(job, fn, args, kwargs):
     return _to_cpu(result)
 
 
+def serve_cells() -> None:
+    """A persistent rank (the ``%%distributed`` magic): run cells in one namespace until the notebook stops us.
+
+    Each frame on fd 0 is a cloudpickled request; each gets exactly one result frame, as a launch's:
+      {"op": "exec", "source": ..., "filename": ...} -> ("ok", {"repr": str|None, "figures": [png bytes]})
+      {"op": "pull", "name": ...}                   -> ("ok", plaindata bytes)
+    or ("error", exception description). SIGINT is a KeyboardInterrupt in the cell, ignored between cells.
+    """
+    import cloudpickle
+    import torch
+    import torch.distributed as dist
+
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "dist": dist,
+                 "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _wire.write_frame(RESULT_FD, cloudpickle.dumps(("ok", {"ready": True, "pid": os.getpid()})))
+    while True:
+        frame = _wire.read_frame(0)
+        if frame is None:
+            return
+        req = cloudpickle.loads(frame)
+        if req["op"] == "stop":
+            return
+        try:
+            if req["op"] == "exec":
+                value = _exec_cell(req["source"], req["filename"], namespace)
+            elif req["op"] == "pull":
+                from lab_utils import plaindata
+
+                if req["name"] not in namespace:
+                    raise NameError(f"name {req['name']!r} is not defined on rank {dist.get_rank()}")
+                value = plaindata.encode(namespace[req["name"]])
+            else:
+                raise ValueError(f"unknown request {req['op']!r}")
+            data = cloudpickle.dumps(("ok", value))
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+            data = cloudpickle.dumps(("error", _describe_exception(exc)))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _wire.write_frame(RESULT_FD, data)
+
+
+def _exec_cell(source: str, filename: str, namespace: dict) -> dict:
+    """Run a cell like IPython does: statements, then the last expression's value (shown per rank)."""
+    import ast
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - the student's own cell, on their rank
+        value = eval(compile(last, filename, "eval"), namespace) if last is not None else None  # noqa: S307
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = {"repr": None, "figures": []}
+    if value is not None:
+        namespace["_"] = value
+        out["repr"] = repr(value)
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:  # figures the cell drew come back as PNG and are shown in the cell
+        import io
+
+        for num in plt.get_fignums():
+            buf = io.BytesIO()
+            plt.figure(num).savefig(buf, format="png", bbox_inches="tight")
+            out["figures"].append(buf.getvalue())
+        plt.close("all")
+    return out
+
+
 def _to_cpu(obj):
     """CUDA tensors come back on the CPU, so unpickling them never initialises CUDA in the notebook."""
     import torch

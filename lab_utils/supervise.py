@@ -100,12 +100,13 @@ def start_readers(rk: Rank, events: queue.Queue) -> list:
 
 
 # ------------------------------------------------------------------------------------------------ supervision
-def supervise(ranks, events, start, timeout, debug_hint=diagnostics.DEBUG_HINT):
+def supervise(ranks, events, start, timeout, debug_hint=diagnostics.DEBUG_HINT, bystanders=()):
     """Print output as it arrives until every rank in ``ranks`` returned (their values, in order) or one failed
-    (``RankFailedError``) or ``timeout`` passed (``RankTimeoutError``, with where each stuck rank waits)."""
+    (``RankFailedError``) or ``timeout`` passed (``RankTimeoutError``, with where each stuck rank waits).
+    ``bystanders``: other ranks of the group whose output and exit are still recorded."""
     import cloudpickle
 
-    by_rank = {rk.rank: rk for rk in ranks}
+    by_rank = {rk.rank: rk for rk in (*bystanders, *ranks)}
     deadline = None if timeout is None else start + timeout
     first_failure = None
     while True:
