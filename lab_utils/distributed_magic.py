@@ -287,8 +287,10 @@ def dist_magic(line: str):
         except (argparse.ArgumentError, SystemExit) as exc:
             raise _usage(f"%dist {cmd}: {exc}") from None
         old = _group
-        if cmd == "start" and old is not None and old.alive():
-            raise _usage(f"{old.world_size} ranks are already running: %dist restart replaces them, %dist stop ends them")
+        if cmd == "start" and old is not None and old.alive():  # a re-run notebook: keep them, say so
+            _say(f"{old.world_size} ranks are already running (pids {old.pids}): %dist restart replaces them, "
+                 "%dist stop ends them")
+            return None
         n = opts.world_size or (old.world_size if old else 2)
         backend = opts.backend or (old.requested_backend if old else "auto")
         timeout = opts.timeout or (old.timeout if old else DEFAULT_TIMEOUT)
