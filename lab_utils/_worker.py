@@ -16,7 +16,6 @@ The rank reads one cloudpickled job frame on stdin (fd 0) and writes one result 
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -25,11 +24,10 @@ import sys
 import threading
 import time
 
-from lab_utils import _wire
+from lab_utils import _wire, processes
 
 RESULT_FD = 3
-PR_SET_NAME = 15
-PR_SET_PDEATHSIG = 1
+RANK_MARK = "DTLABS_RANK_PID"  # in every rank's environment: the programs a rank starts carry its pid
 
 # Imported right away (a cold launch waits for these) ...
 CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
@@ -51,43 +49,14 @@ WARM_IMPORTS = [
 ]
 
 
-def _libc():
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:  # pragma: no cover - non-POSIX
-        return None
-
-
-def _set_name(name: str) -> None:
-    """Name the process (what ps/psutil show as its name) so tests and students can find ranks."""
-    libc = _libc()
-    if libc is not None and sys.platform.startswith("linux"):
-        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-
-
-def _die_with_parent(expected_parent: int) -> None:
-    """Linux: SIGKILL us when our parent dies. Elsewhere the watchdog thread below covers it."""
-    libc = _libc()
-    if libc is not None and sys.platform.startswith("linux"):
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != expected_parent:  # parent died before prctl took effect
-        os._exit(1)
-
-
-def _watch_parent(expected_parent: int, interval: float = 0.5) -> None:
-    def loop():
-        while True:
-            time.sleep(interval)
-            if os.getppid() != expected_parent:
-                os._exit(1)
-
-    threading.Thread(target=loop, name="dtlabs-parent-watch", daemon=True).start()
-
-
 # --------------------------------------------------------------------------------------------- zygote
 def zygote_main(sock_fd: int, launcher_pid: int) -> None:
-    _set_name("dtlabs-zygote")
-    _die_with_parent(launcher_pid)
+    processes.set_name("dtlabs-zygote")
+    # Every process under us stays ours: orphaned rank children (own-session ones included) re-parent to the
+    # zygote, which kills them when their rank is gone and kills everything under it before it exits.
+    processes.become_subreaper()
+    signal.signal(signal.SIGTERM, _exit_with_descendants)
+    processes.die_with_parent(launcher_pid, sig=signal.SIGTERM)  # the launcher died: clean up, then exit
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is the launcher's to handle
     sock = socket.socket(fileno=sock_fd)
     for name in CORE_IMPORTS:
@@ -100,16 +69,23 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     try:
         while True:
             # Reap exited ranks and report their status (the launcher cannot waitpid on our children).
-            while children:
+            # Adopted orphans are reaped here too, silently.
+            rank_ended = False
+            while True:
                 try:
                     pid, status = os.waitpid(-1, os.WNOHANG)
                 except ChildProcessError:
                     break
                 if pid == 0:
                     break
+                if pid not in children:
+                    continue
                 children.discard(pid)
+                rank_ended = True
                 code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
                 _wire.send_json(sock, {"op": "exit", "pid": pid, "status": code})
+            if rank_ended:
+                _kill_orphans(children)
             if os.getppid() != launcher_pid:
                 break
             timeout = 0.0 if pending_imports else 0.05
@@ -145,19 +121,46 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
                 break
     finally:
         for pid in children:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            processes.killpg_quiet(pid)
+        processes.kill_descendants()
+
+
+def _exit_with_descendants(signum, frame):
+    """SIGTERM (the launcher's death or ``shutdown``): no rank, nor anything a rank started, outlives us."""
+    processes.kill_descendants()
+    os._exit(0)
+
+
+def _kill_orphans(live_ranks: set) -> None:
+    """Kill the adopted orphans (and their trees) whose rank has ended.
+
+    A rank marks its environment with ``DTLABS_RANK_PID``, so the programs it starts carry its pid; an orphan
+    without the mark (a forked-only child that left the rank's session) is killed once no rank is running."""
+    import psutil
+
+    try:
+        orphans = [p for p in psutil.Process().children() if p.pid not in live_ranks]
+    except psutil.Error:
+        return
+    doomed = []
+    for p in orphans:
+        try:
+            owner = p.environ().get(RANK_MARK)
+        except (psutil.Error, OSError):
+            owner = None
+        if (owner is None and not live_ranks) or (owner is not None and int(owner) not in live_ranks):
+            doomed.append(p)
+    if doomed:
+        processes.kill_procs([q for p in doomed for q in processes.tree(p.pid)], wait_s=0)
 
 
 # ----------------------------------------------------------------------------------------------- rank
 def _rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: int) -> None:
     os.setsid()  # own process group: the launcher kills rank + its children with one killpg
-    _set_name(f"dtlabs-rank{rank}")
-    _die_with_parent(zygote_pid)
-    _watch_parent(zygote_pid)
+    processes.set_name(f"dtlabs-rank{rank}")
+    processes.die_with_parent(zygote_pid, watch_s=0.5)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's clean-up handler is not ours
     job_r, out_w, err_w, result_w = fds
     os.dup2(job_r, 0)
     os.dup2(out_w, 1)
@@ -195,6 +198,7 @@ def run_rank() -> int:
     job = cloudpickle.loads(frame)
     os.environ.clear()
     os.environ.update(job["env"])
+    os.environ[RANK_MARK] = str(os.getpid())
     os.chdir(job["cwd"])
     for p in reversed(job["sys_path"]):
         if p not in sys.path:
@@ -251,6 +255,80 @@ def _call_in_group(job, fn, args, kwargs):
     dist.init_process_group(**init)
     result = fn(*args, **kwargs)
     return _to_cpu(result)
+
+
+def serve_cells() -> None:
+    """A persistent rank (the ``%%distributed`` magic): run cells in one namespace until the notebook stops us.
+
+    Each frame on fd 0 is a cloudpickled request; each gets exactly one result frame, as a launch's:
+      {"op": "exec", "source": ..., "filename": ...} -> ("ok", {"repr": str|None, "figures": [png bytes]})
+      {"op": "pull", "name": ...}                   -> ("ok", plaindata bytes)
+    or ("error", exception description). SIGINT is a KeyboardInterrupt in the cell, ignored between cells.
+    """
+    import cloudpickle
+    import torch
+    import torch.distributed as dist
+
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "dist": dist,
+                 "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _wire.write_frame(RESULT_FD, cloudpickle.dumps(("ok", {"ready": True, "pid": os.getpid()})))
+    while True:
+        frame = _wire.read_frame(0)
+        if frame is None:
+            return
+        req = cloudpickle.loads(frame)
+        if req["op"] == "stop":
+            return
+        try:
+            if req["op"] == "exec":
+                value = _exec_cell(req["source"], req["filename"], namespace)
+            elif req["op"] == "pull":
+                from lab_utils import plaindata
+
+                if req["name"] not in namespace:
+                    raise NameError(f"name {req['name']!r} is not defined on rank {dist.get_rank()}")
+                value = plaindata.encode(namespace[req["name"]])
+            else:
+                raise ValueError(f"unknown request {req['op']!r}")
+            data = cloudpickle.dumps(("ok", value))
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+            data = cloudpickle.dumps(("error", _describe_exception(exc)))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _wire.write_frame(RESULT_FD, data)
+
+
+def _exec_cell(source: str, filename: str, namespace: dict) -> dict:
+    """Run a cell like IPython does: statements, then the last expression's value (shown per rank)."""
+    import ast
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - the student's own cell, on their rank
+        value = eval(compile(last, filename, "eval"), namespace) if last is not None else None  # noqa: S307
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = {"repr": None, "figures": []}
+    if value is not None:
+        namespace["_"] = value
+        out["repr"] = repr(value)
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:  # figures the cell drew come back as PNG and are shown in the cell
+        import io
+
+        for num in plt.get_fignums():
+            buf = io.BytesIO()
+            plt.figure(num).savefig(buf, format="png", bbox_inches="tight")
+            out["figures"].append(buf.getvalue())
+        plt.close("all")
+    return out
 
 
 def _to_cpu(obj):

@@ -1,4 +1,5 @@
-"""Process plumbing shared by the grader and the sandbox: find a tree of processes, kill it, adopt orphans.
+"""Process plumbing shared by the launcher, the grader and the sandbox: find a tree of processes, kill it,
+adopt orphans, die with a parent, name a process, pump a pipe's lines.
 
 Processes are found two ways: by ancestry (``tree``: a process and its descendants, plus orphans re-parented
 to us when we are a child subreaper) and by an environment token (``with_token``: every process started
@@ -11,19 +12,80 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, arg: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def set_name(name: str) -> None:
+    """Name this process (what ps/psutil show as its name, 15 bytes at most), so tests and students find it."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, watch_s: float | None = None) -> None:
+    """Get ``sig`` when our parent dies (Linux ``PR_SET_PDEATHSIG``); exit now if it already has.
+
+    ``watch_s`` also starts a thread that exits this process once the parent is gone (other systems, and a
+    second line of defence after a fork).
+    """
+    _prctl(PR_SET_PDEATHSIG, int(sig))
+    if os.getppid() != expected_parent:  # the parent died before prctl took effect
+        os._exit(1)
+    if watch_s:
+        def watch():
+            while True:
+                time.sleep(watch_s)
+                if os.getppid() != expected_parent:
+                    os._exit(1)
+
+        threading.Thread(target=watch, name="dtlabs-parent-watch", daemon=True).start()
+
+
+def pump_lines(fd: int, on_line, on_eof=None) -> threading.Thread:
+    """A daemon thread that reads ``fd`` to EOF, calling ``on_line(text)`` per line (and a last partial one),
+    then ``on_eof()``."""
+    def pump():
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                on_line(line.decode(errors="replace"))
+        if buf:
+            on_line(buf.decode(errors="replace"))
+        if on_eof is not None:
+            on_eof()
+
+    t = threading.Thread(target=pump, name="dtlabs-pump", daemon=True)
+    t.start()
+    return t
 
 
 def become_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants (Linux), so double-forked ones stay findable."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def killpg_quiet(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -31,6 +93,17 @@ def killpg_quiet(pgid: int, sig: int = signal.SIGKILL) -> None:
     try:
         if pgid > 0 and pgid != os.getpgid(0):
             os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
+def kill_group_and_pid(pid: int | None, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group ``pid`` leads and ``pid`` itself, ignoring whichever is gone."""
+    if pid is None:
+        return
+    killpg_quiet(pid, sig)
+    try:
+        os.kill(pid, sig)
     except OSError:
         pass
 
@@ -83,6 +156,17 @@ def kill_procs(procs, wait_s: float = 5.0) -> list[str]:
             pass
     psutil.wait_procs(list(procs), timeout=wait_s)
     return killed
+
+
+def kill_descendants(pid: int | None = None) -> list[str]:
+    """Kill every live descendant of ``pid`` (default: this process) and the groups they lead."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.Error:
+        return []
+    return kill_procs(procs, wait_s=0)
 
 
 def kill_tree(pid: int, include_orphans: bool = False) -> list[str]:

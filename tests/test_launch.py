@@ -235,7 +235,6 @@ def test_crash_digest_names_notebook_cells_not_temp_files(monkeypatch):
     import builtins
     import types
 
-    L = importlib.import_module("lab_utils.launch")
     cell = "/tmp/ipykernel_4242/123456.py"
     fake = types.SimpleNamespace(compile=types.SimpleNamespace(_filename_map={cell: 12}))
     monkeypatch.setattr(builtins, "get_ipython", lambda: fake, raising=False)
@@ -257,12 +256,15 @@ def test_crash_digest_names_notebook_cells_not_temp_files(monkeypatch):
         "",
         "Extension modules: numpy, torch._C (total: 2)",
     ]
-    digest = L._crash_digest(dump)
+    D = importlib.import_module("lab_utils.diagnostics")
+    S = importlib.import_module("lab_utils.supervise")
+    digest = D.crash_digest(dump)
     assert digest["op"] == "recv" and digest["fatal"] == "Aborted"
     assert digest["stack"].startswith("  Cell In[12], line 14, in ring_all_reduce")
-    rk = L._Rank(rank=0, job_w=-1, out_r=-1, err_r=-1, result_r=-1, status="exited", exit_code=-6, stderr_tail=dump)
-    peer = L._Rank(rank=1, job_w=-1, out_r=-1, err_r=-1, result_r=-1, status="running")
-    msg = str(L._failure_error([rk, peer]))
+    rk = S.Rank(rank=0, job_w=-1, out_r=-1, err_r=-1, result_r=-1, state=S.RankState.EXITED, exit_code=-6,
+                stderr_tail=dump)
+    peer = S.Rank(rank=1, job_w=-1, out_r=-1, err_r=-1, result_r=-1, state=S.RankState.RUNNING)
+    msg = str(D.failure_error([rk, peer]))
     assert msg.startswith("rank 0 was killed by SIGABRT (rank 1 stopped).")
     assert "torch.distributed.recv: a message of 12 bytes arrived where the receiving tensor holds 8 bytes" in msg
     assert "Cell In[12], line 14, in ring_all_reduce" in msg
@@ -287,8 +289,8 @@ def test_crash_digest_names_notebook_cells_not_temp_files(monkeypatch):
     ],
 )
 def test_debug_mismatch_messages_read_cleanly(torch_message, words):
-    L = importlib.import_module("lab_utils.launch")
-    text = L._clean_message(torch_message)
+    D = importlib.import_module("lab_utils.diagnostics")
+    text = D.clean_message(torch_message)
     for w in words:
         assert w in text, text
     assert not re.search(r"\Svs ", text) and "ALLREDUCE" not in text and "CollectiveFingerPrint" not in text, text
