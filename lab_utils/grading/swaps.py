@@ -20,6 +20,7 @@ and tests/test_grading_cli.py checks that on the synthetic lab.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import tempfile
 import time
@@ -31,7 +32,7 @@ from nbclient import NotebookClient
 
 from lab_utils.grading.build import solution_cells
 from lab_utils.grading.course import REPO_ROOT
-from lab_utils.grading.execute import SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
+from lab_utils.grading.execute import GRADER, SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
 
 CELL_TIMEOUT_S = 120
 
@@ -51,6 +52,7 @@ class SwapResult:
     errors: dict = field(default_factory=dict)    # grade_id -> the first error line of each cell that lost points
     timed_out: list = field(default_factory=list)  # grade_ids of cells that ran past the cell limit
     seconds: float = 0.0
+    cell_seconds: dict = field(default_factory=dict)  # grade_id (or cell id) -> seconds, every cell it ran
 
 
 @dataclass
@@ -107,10 +109,12 @@ class SwapSession(SplitExecute):
                 self.routes = route
                 self.execute_cell(nb.cells[0], 0, store_history=False)  # starts the subject
                 mode = _mode(nb.cells[0])
-                baseline = self._run(range(1, len(nb.cells)), {})
+                self.defines = {}  # grader cell index -> the names it defined in the baseline
+                baseline = self._run(range(1, len(nb.cells)), {}, note_names=True)
                 results, restore_errors = {}, []
                 for swap in swaps:
                     span = self._span(swap)
+                    self._forget([n for i in span for n in self.defines.get(i, ())])
                     results[swap.name] = self._run(span, swap.answers)
                     restore_errors += [f"{swap.name}: {e}" for e in self._restore(span)]
                 control = self._run([i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _graded(c)], {})
@@ -130,7 +134,7 @@ class SwapSession(SplitExecute):
             last = ends[-1]
         return range(min(first), last + 1)
 
-    def _run(self, indices, answers: dict) -> SwapResult:
+    def _run(self, indices, answers: dict, note_names: bool = False) -> SwapResult:
         """Run cells ``indices`` (answers swapped in); the scores of the graded ones among them."""
         start = time.monotonic()
         out = SwapResult({})
@@ -142,7 +146,14 @@ class SwapSession(SplitExecute):
             gid = _meta(cell).get("grade_id")
             if self.routes[i] == STUDENT and gid in answers:
                 run.source = STUDENT_MAGIC + answers[gid]
+            t = time.monotonic()
+            if note_names and self.routes[i] == GRADER:
+                self._grader_code("_dtlabs_before = set(globals())")
             self._execute_copy(run, i)
+            if note_names and self.routes[i] == GRADER:
+                self.defines[i] = json.loads(self._grader_code(
+                    "import json as _j; print(_j.dumps(sorted(set(globals()) - _dtlabs_before)))") or "[]")
+            out.cell_seconds[gid or cell.get("id")] = round(time.monotonic() - t, 2)
             if _graded(cell):
                 from nbgrader.utils import determine_grade
 
@@ -153,6 +164,18 @@ class SwapSession(SplitExecute):
                     out.timed_out.append(gid)
         out.seconds = time.monotonic() - start
         return out
+
+    def _grader_code(self, code: str) -> str:
+        """Run bookkeeping code in the grader kernel (never in the subject); what it printed."""
+        cell = nbformat.v4.new_code_cell(code)
+        self.execute_cell(cell, 0, store_history=False)
+        return "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream").strip()
+
+    def _forget(self, names) -> None:
+        """A test cell about to run again starts as in a fresh run: what it defined last time is gone (a later
+        test that checks an earlier one finished, ``assert "result" in globals()``, fails fast as it would)."""
+        if names:
+            self._grader_code(f"for _n in {sorted(set(names))!r}:\n    globals().pop(_n, None)")
 
     def _execute_copy(self, run, i) -> None:
         """Execute ``run`` as cell ``i`` (nbclient puts the cell it ran into the notebook: the original goes back)."""
