@@ -38,10 +38,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from lab_utils import processes
 
 __all__ = ["run_nodes", "agent_command", "write_script", "processes_of", "TorchrunResult", "TorchrunError",
            "TorchrunTimeout"]
@@ -131,19 +132,8 @@ def write_script(path, *functions, main: str, header: str = "") -> str:
 
 
 def processes_of(run_id: str) -> list:
-    """Live processes of this user that carry ``DTLABS_RUN_ID=run_id`` (agents and workers of one run)."""
-    import psutil
-
-    found, me, uid = [], os.getpid(), os.getuid()
-    for p in psutil.process_iter(["uids"]):
-        try:
-            if p.pid == me or p.info["uids"] is None or p.info["uids"].real != uid:
-                continue
-            if p.environ().get(MARKER) == run_id:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
+    """Live processes that carry ``DTLABS_RUN_ID=run_id`` (agents and workers of one run)."""
+    return processes.with_token(run_id, MARKER)
 
 
 def _agent_env(run_id, nranks, env):
@@ -164,12 +154,6 @@ def _agent_env(run_id, nranks, env):
     return out
 
 
-def _read(node, stream, events):
-    for raw in iter(stream.readline, b""):
-        events.put((node, raw.decode(errors="replace").rstrip("\n")))
-    events.put((node, None))
-
-
 def _reap(procs, seen, run_id) -> int:
     """SIGKILL every agent's process group, every descendant seen, every process with our marker."""
     import psutil
@@ -185,13 +169,13 @@ def _reap(procs, seen, run_id) -> int:
         victims.setdefault(p.pid, p)
     for proc in procs:
         if proc.poll() is None:  # once reaped, its pid (= its group id) may belong to someone else
-            _killpg(proc.pid)
+            processes.killpg_quiet(proc.pid)
     for pid, p in victims.items():
         try:
             if not p.is_running():  # psutil compares creation times: a reused pid is not ours
                 continue
             if os.getpgid(pid) == pid:  # torchrun's workers lead their own session
-                _killpg(pid)
+                processes.killpg_quiet(pid)
             p.kill()
         except (psutil.Error, OSError):
             pass
@@ -202,13 +186,6 @@ def _reap(procs, seen, run_id) -> int:
             pass
     _, alive = psutil.wait_procs(list(victims.values()), timeout=5)
     return len([v for v in victims.values() if v not in alive])
-
-
-def _killpg(pgid):
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _run_store():
@@ -250,7 +227,8 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                                     stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
             procs.append(proc)
             commands.append(cmd)
-            threading.Thread(target=_read, args=(node, proc.stdout, events), daemon=True).start()
+            processes.pump_lines(proc.stdout.fileno(), lambda text, n=node: events.put((n, text)),
+                                 lambda n=node: events.put((n, None)))
         while open_streams or any(p.poll() is None for p in procs):
             for node, proc in enumerate(procs):
                 if node not in exited and proc.poll() is not None:
@@ -350,14 +328,7 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
 
 def _agent_main(argv):
     """``python -m lab_utils.torchrun --agent PARENT_PID <torchrun args>``: torchrun that dies with its parent."""
-    parent = int(argv[0])
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        sys.exit(1)
+    processes.die_with_parent(int(argv[0]), signal.SIGTERM)  # torchrun stops its workers on SIGTERM
     import runpy
 
     sys.argv = ["torchrun", *argv[1:]]

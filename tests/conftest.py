@@ -156,20 +156,6 @@ def synthetic_course(tmp_path_factory):
     return root
 
 
-# ------------------------------------------------------------------------------------------ parallel runs
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into groups
-def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n N --dist loadgroup`` (make test), the tests that share one expensive fixture run on one
-    worker: a lab's grading (test_labs.py), a sandbox mode's cheat corpus (test_cheats.py)."""
-    for item in items:
-        params = getattr(item, "callspec", None)
-        params = params.params if params else {}
-        if item.module.__name__ == "test_labs" and "lab" in params:
-            item.add_marker(pytest.mark.xdist_group(f"lab-{params['lab']}"))
-        elif item.module.__name__ == "test_cheats" and "corpus" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("cheats"))
-
-
 # ------------------------------------------------------------------------------------------ timings
 def record_lab(node, lab: str, timings: dict | None = None, points: dict | None = None) -> None:
     """Note a lab's timings/points on the test's report, so the summary has them with or without xdist workers."""

@@ -106,7 +106,9 @@ def _grade_corpus(root: Path, mode: str, monkeypatch) -> dict:
             "repo_after": repo_after}
 
 
-@pytest.fixture(scope="module", params=["bwrap", "fallback"])
+# make test (pytest-xdist, --dist loadgroup): the tests of one corpus run on the worker that grades it
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.xdist_group(f"cheats-{m}"))
+                                        for m in ("bwrap", "fallback")])
 def corpus(request, tmp_path_factory):
     if request.param == "bwrap":
         if not sandbox.bwrap_path():

@@ -1,15 +1,16 @@
 """Every lab, proved the same way (AUTHORING.md, "What CI proves"), discovered from solutions/*/:
 
 1. the solution runs under papermill with parameters injected (CPU, gloo), cwd at the notebook's folder;
-2. ``nbgrader autograde`` (sandbox, split execution, gradebook) gives the solution full marks;
-3. the solution without its demo cells keeps full marks, the untouched release scores zero and finishes, and each
-   known-wrong answer (grader/known_wrong/NN_topic/*.py) loses points on every cell it names;
-4. nothing the notebooks started (ranks, zygotes, torchrun agents and workers, kernels) survives.
+2. graded the way autograde grades (sandboxed subject, split execution, hidden tests in place), the solution
+   without its demo cells gets full marks, the untouched release scores zero and finishes, and each known-wrong
+   answer (grader/known_wrong/NN_topic/*.py) loses points on every cell it names;
+3. nothing the notebooks started (ranks, zygotes, torchrun agents and workers, kernels) survives.
 
-Point 3 runs in one ``check_swaps`` session per lab (lab_utils/grading/swaps.py): the same split execution and
-sandbox as autograde, one kernel and subject for every answer instead of one each (a known-wrong answer cost ~12 s
-as its own submission, ~1 s as a swap). DTLABS_FULL_AUTOGRADE=1 grades each of them as its own submission in the
-nbgrader run instead, as a student's would be (the GPU and nightly jobs do).
+Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/swaps.py): one kernel and subject for every
+answer instead of one each (a known-wrong answer cost ~12 s as its own submission, ~1 s as a swap), and each
+solution runs twice in all: with its demos under papermill, without them in the session. DTLABS_FULL_AUTOGRADE=1
+(the GPU and nightly jobs) grades the solution with its demos and every other answer as its own submission in a
+real ``nbgrader autograde`` run instead, as a student's would be.
 """
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ from lab_utils.grading.swaps import Swap, check_swaps, release_swap
 from known_wrong import known_wrong
 
 REPO = grading.REPO_ROOT
-LABS = grading.discover_labs(REPO)
-WRONG = [(lab, kw.name) for lab in LABS for kw in known_wrong(lab, REPO)]
+# Under pytest-xdist (make test: --dist loadgroup) every test of one lab runs on the worker that grades it.
+LABS = [pytest.param(lab, marks=pytest.mark.xdist_group(f"lab-{lab}")) for lab in grading.discover_labs(REPO)]
+WRONG = [pytest.param(lab, kw.name, marks=pytest.mark.xdist_group(f"lab-{lab}"))
+         for lab in grading.discover_labs(REPO) for kw in known_wrong(lab, REPO)]
 PARAMETERS = {"WORLD_SIZE": 2, "BACKEND": "gloo"}
 LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "1500"))
 # A known-wrong answer is graded up to the last cell it must lose points on (the cells after it cannot change that
@@ -135,17 +138,19 @@ def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_proces
 
 # ------------------------------------------------------------------------------------------ autograde
 class LabGrades:
-    """A lab's verdicts: the solution graded by a real ``nbgrader autograde`` (sandbox, split execution, gradebook),
-    and the rest (the solution without demos, the release, each known-wrong answer) by one ``check_swaps`` session
-    (lab_utils/grading/swaps.py: the same split execution, one kernel and sandbox for all of them). With
-    DTLABS_FULL_AUTOGRADE=1 every one of them is its own submission in the nbgrader run instead (GPU/nightly job)."""
+    """A lab's verdicts. By default one ``check_swaps`` session (lab_utils/grading/swaps.py: the split execution and
+    sandbox of autograde, one kernel and subject for every answer) grades the solution without its demo cells, the
+    release and each known-wrong answer; the demo cells run in the papermill test, and nbgrader's own pipeline
+    around split execution is graded for real by test_cheats.py (Lab 01) and test_grading_cli.py. With
+    DTLABS_FULL_AUTOGRADE=1 (GPU and nightly jobs) every one of them, and the solution with its demos, is its own
+    submission in a real ``nbgrader autograde`` run instead."""
 
     def __init__(self, lab, root):
         self.lab, self.root = lab, root
         self.wrong = {kw.name: kw for kw in known_wrong(lab, REPO)}
-        self.graded_alone = ["solution"]
+        self.graded_alone = []
         if FULL_AUTOGRADE:
-            self.graded_alone += ["solution_without_demos", "release"] + [f"wrong_{n}" for n in self.wrong]
+            self.graded_alone = ["solution", "solution_without_demos", "release"] + [f"wrong_{n}" for n in self.wrong]
         self.run = None
         self.session = None
         self.scores = {}
@@ -157,8 +162,9 @@ class LabGrades:
         token = uuid.uuid4().hex
         os.environ[TEST_TOKEN_VAR] = token
         try:
-            self._autograde()
-            if not FULL_AUTOGRADE:
+            if FULL_AUTOGRADE:
+                self._autograde()
+            else:
                 self._session()
         finally:
             os.environ.pop(TEST_TOKEN_VAR, None)
@@ -179,14 +185,12 @@ class LabGrades:
         rel = nbformat.read(str(self.root / "labs" / self.lab / f"{self.lab}.ipynb"), as_version=4)
         src = _source(self.lab)
         grading.submit(self.root, "solution", self.lab, grading.fill_solutions(rel, src))
-        if FULL_AUTOGRADE:
-            grading.submit(self.root, "solution_without_demos", self.lab,
-                           _without_demos(grading.fill_solutions(rel, src)))
-            grading.submit(self.root, "release", self.lab, rel)
-            for name, kw in self.wrong.items():
-                nb = _without_demos(grading.fill_solutions(rel, src, {kw.replaces: kw.source}))
-                nb.cells = nb.cells[: _last_cell(nb, kw.loses) + 1]
-                grading.submit(self.root, f"wrong_{name}", self.lab, nb)
+        grading.submit(self.root, "solution_without_demos", self.lab, _without_demos(grading.fill_solutions(rel, src)))
+        grading.submit(self.root, "release", self.lab, rel)
+        for name, kw in self.wrong.items():
+            nb = _without_demos(grading.fill_solutions(rel, src, {kw.replaces: kw.source}))
+            nb.cells = nb.cells[: _last_cell(nb, kw.loses) + 1]
+            grading.submit(self.root, f"wrong_{name}", self.lab, nb)
         self.run = grading.autograde(self.lab, course_root=self.root, timeout=LAB_AUTOGRADE_LIMIT_S)
         for s in self.graded_alone:
             self.scores[s] = grading.cell_scores(self.root, self.lab, s)
@@ -197,12 +201,14 @@ class LabGrades:
         swaps = [release_swap(self.lab)] + [Swap(f"wrong_{n}", {kw.replaces: kw.source}, until=_last_loses(kw))
                                             for n, kw in self.wrong.items()]
         self.session = check_swaps(self.lab, swaps, cell_timeout=SESSION_CELL_TIMEOUT_S)
-        self.scores["solution_without_demos"] = self.session.baseline.scores
+        self.scores["solution"] = self.scores["solution_without_demos"] = self.session.baseline.scores
         self.scores["control"] = self.session.control.scores
         for name, res in self.session.results.items():
             self.scores[name] = res.scores
             self.timed_out[name] = res.timed_out
-        self.timings.update(swap_session_s=self.session.seconds, swaps=len(swaps))
+        self.timings.update(swap_session_s=round(self.session.seconds, 1), swaps=len(swaps),
+                            slowest_swap=max(((round(r.seconds, 1), n) for n, r in self.session.results.items()),
+                                             default=None))
 
     def _points(self, student) -> str:
         """'7/10' for a whole submission; for a known-wrong one, its points on the cells it must lose."""
@@ -246,7 +252,7 @@ TIMEOUT = int(LAB_AUTOGRADE_LIMIT_S + 300)
 @pytest.mark.parametrize("lab", LABS)
 def test_solution_gets_full_marks(lab, graded):
     g = graded(lab)
-    assert not g.run.timed_out, f"autograde of {lab} ran past {LAB_AUTOGRADE_LIMIT_S} s"
+    assert not (g.run and g.run.timed_out), f"autograde of {lab} ran past {LAB_AUTOGRADE_LIMIT_S} s"
     scores = g.scores["solution"]
     assert scores, "the solution was not graded\n" + g.explain("solution")
     short = {gid: s for gid, s in scores.items() if s[0] < s[1]}
@@ -271,7 +277,7 @@ def test_no_test_depends_on_a_demo_cell(lab, graded):
 @pytest.mark.parametrize("lab", LABS)
 def test_untouched_release_gets_zero_and_finishes(lab, graded):
     g = graded(lab)
-    assert not g.run.timed_out, f"autograde of {lab} ran past {LAB_AUTOGRADE_LIMIT_S} s: a stub hangs?"
+    assert not (g.run and g.run.timed_out), f"autograde of {lab} ran past {LAB_AUTOGRADE_LIMIT_S} s: a stub hangs?"
     assert not g.timed_out.get("release"), f"on the release stub, {g.timed_out['release']} ran past the cell limit"
     scores = g.scores["release"]
     assert scores, "the release stub was not graded\n" + g.explain("release")
