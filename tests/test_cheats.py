@@ -1,12 +1,13 @@
 """The cheat corpus (grader/cheats/, see its README) graded the way an instructor grades: no cheat gains anything,
 nothing of the course changes, a victim graded after every attacker keeps full marks, nothing survives.
 
-Runs twice: with bubblewrap (when it works here) and in the fallback (DTLABS_SANDBOX=off), which grades only the
-attacks whose defence depends on the sandbox mode (grader/cheats/README.md).
+Graded with bubblewrap where it works, else in the fallback (DTLABS_SANDBOX=off); DTLABS_FULL=1 (the nightly job)
+grades both, the fallback only the attacks whose defence depends on the sandbox mode (grader/cheats/README.md).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import uuid
@@ -58,6 +59,8 @@ def _tree_digest(root: Path) -> dict:
 
 
 def _cut(nb, grade_id):
+    """Up to the cell the attacks aim at, without the demo cells (which no test depends on, tests/test_labs.py)."""
+    nb = grading.without_demos(nb)
     idx = max(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
     nb.cells = nb.cells[: idx + 1]
     return nb
@@ -106,9 +109,13 @@ def _grade_corpus(root: Path, mode: str, monkeypatch) -> dict:
             "repo_after": repo_after}
 
 
-# make test (pytest-xdist, --dist loadgroup): the tests of one corpus run on the worker that grades it
-@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.xdist_group(f"cheats-{m}"))
-                                        for m in ("bwrap", "fallback")])
+# make test grades the corpus in the mode grading uses here (bubblewrap where it works, else the fallback); the
+# nightly job (DTLABS_FULL=1) grades it in both. Under pytest-xdist one worker grades a corpus and runs its tests.
+FULL = os.environ.get("DTLABS_FULL", "") not in ("", "0")
+MODES = ["bwrap", "fallback"] if FULL else ["bwrap" if sandbox.bwrap_path() else "fallback"]
+
+
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.xdist_group(f"cheats-{m}")) for m in MODES])
 def corpus(request, tmp_path_factory):
     if request.param == "bwrap":
         if not sandbox.bwrap_path():

@@ -19,11 +19,15 @@ import uuid
 import nbformat
 import psutil
 import pytest
+
 from conftest import TEST_TOKEN_VAR, assert_no_leftovers
 from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
 from lab_utils.env import choose_backend
+
+# slow: one kernel and ranks for the module (make test-fast leaves it out); one xdist worker runs the module in order
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed_magic")]
 
 WAIT_S = 30  # bound on every wait for a process or a file; never a speed assertion
 

@@ -8,7 +8,7 @@
 
 Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/swaps.py): one kernel and subject for every
 answer instead of one each (a known-wrong answer cost ~12 s as its own submission, ~1 s as a swap), and each
-solution runs twice in all: with its demos under papermill, without them in the session. DTLABS_FULL_AUTOGRADE=1
+solution runs twice in all: with its demos under papermill, without them in the session. DTLABS_FULL=1
 (the GPU and nightly jobs) grades the solution with its demos and every other answer as its own submission in a
 real ``nbgrader autograde`` run instead, as a student's would be.
 """
@@ -37,7 +37,7 @@ LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "15
 # A known-wrong answer is graded up to the last cell it must lose points on (the cells after it cannot change that
 # verdict) and without the demo cells (student-writable cells that are neither answers nor course cells), which no
 # test may depend on: the solution without demos proves that, by keeping full marks.
-FULL_AUTOGRADE = os.environ.get("DTLABS_FULL_AUTOGRADE", "") not in ("", "0")
+FULL_AUTOGRADE = os.environ.get("DTLABS_FULL", "") not in ("", "0")  # the nightly job: every answer graded alone
 SESSION_CELL_TIMEOUT_S = 120
 
 
@@ -47,11 +47,6 @@ def _source(lab):
 
 def _meta(cell):
     return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def _without_demos(nb):
-    nb.cells = [c for c in nb.cells if c.cell_type != "code" or _meta(c)]
-    return nb
 
 
 def _last_cell(nb, grade_ids) -> int:
@@ -142,7 +137,7 @@ class LabGrades:
     sandbox of autograde, one kernel and subject for every answer) grades the solution without its demo cells, the
     release and each known-wrong answer; the demo cells run in the papermill test, and nbgrader's own pipeline
     around split execution is graded for real by test_cheats.py (Lab 01) and test_grading_cli.py. With
-    DTLABS_FULL_AUTOGRADE=1 (GPU and nightly jobs) every one of them, and the solution with its demos, is its own
+    DTLABS_FULL=1 (GPU and nightly jobs) every one of them, and the solution with its demos, is its own
     submission in a real ``nbgrader autograde`` run instead."""
 
     def __init__(self, lab, root):
@@ -185,10 +180,10 @@ class LabGrades:
         rel = nbformat.read(str(self.root / "labs" / self.lab / f"{self.lab}.ipynb"), as_version=4)
         src = _source(self.lab)
         grading.submit(self.root, "solution", self.lab, grading.fill_solutions(rel, src))
-        grading.submit(self.root, "solution_without_demos", self.lab, _without_demos(grading.fill_solutions(rel, src)))
+        grading.submit(self.root, "solution_without_demos", self.lab, grading.without_demos(grading.fill_solutions(rel, src)))
         grading.submit(self.root, "release", self.lab, rel)
         for name, kw in self.wrong.items():
-            nb = _without_demos(grading.fill_solutions(rel, src, {kw.replaces: kw.source}))
+            nb = grading.without_demos(grading.fill_solutions(rel, src, {kw.replaces: kw.source}))
             nb.cells = nb.cells[: _last_cell(nb, kw.loses) + 1]
             grading.submit(self.root, f"wrong_{name}", self.lab, nb)
         self.run = grading.autograde(self.lab, course_root=self.root, timeout=LAB_AUTOGRADE_LIMIT_S)
@@ -309,7 +304,7 @@ def test_swaps_leave_the_session_as_they_found_it(lab, graded):
     """Each swap puts the solution back; at the end every test passes again, or a swap's verdict may be another's."""
     g = graded(lab)
     if g.session is None:
-        pytest.skip("DTLABS_FULL_AUTOGRADE=1: every answer was graded as its own submission")
+        pytest.skip("DTLABS_FULL=1: every answer was graded as its own submission")
     assert not g.session.restore_errors, f"putting the solution back failed: {g.session.restore_errors}"
     short = {gid: s for gid, s in g.scores["control"].items() if (s[0] or 0) < s[1]}
     assert not short, (f"after the swaps the solution loses {short}: a swapped answer changed state that the "

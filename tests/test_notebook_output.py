@@ -3,9 +3,7 @@ arrive in that cell."""
 from __future__ import annotations
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
 
 from lab_utils.env import choose_backend
 

@@ -11,9 +11,12 @@ import json
 from pathlib import Path
 
 import pytest
+
 from conftest import SYNTHETIC_LAB, make_synthetic_course
 
 from lab_utils import grading
+
+pytestmark = pytest.mark.xdist_group("release")  # one worker makes the module's fresh release
 
 REPO = grading.REPO_ROOT
 LABS = grading.discover_labs(REPO)

@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 import launch_helpers as h
 
 TESTS = Path(__file__).parent
+pytestmark = pytest.mark.slow  # launching processes and 20 launches: tens of seconds (make test-fast leaves it out)
 
 SLEEPER = textwrap.dedent(
     """

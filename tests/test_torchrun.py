@@ -17,10 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+
 from launch_helpers import wait_gone
 
 from lab_utils import torchrun as tr
 from lab_utils.torchrun import TorchrunTimeout, processes_of, run_nodes
+
+pytestmark = pytest.mark.slow  # real torchrun agents and workers: seconds per test (make test-fast leaves them out)
 
 REPO = Path(__file__).resolve().parents[1]
 

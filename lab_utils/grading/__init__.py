@@ -19,7 +19,7 @@ from lab_utils.grading.course import (
 from lab_utils.grading.gradebook import cell_scores, merge, read_grades_csv, register_students
 from lab_utils.grading.nbgrader_run import TOKEN_VAR, NbgraderRun, nbgrader_env, processes_with_token, reap, run_nbgrader
 from lab_utils.grading.release import notebook_problems, release
-from lab_utils.grading.build import fill_solutions, solution_cells, strip_solution_markers, submit
+from lab_utils.grading.build import fill_solutions, solution_cells, strip_solution_markers, submit, without_demos
 from lab_utils.grading.validate import validate
 
 
@@ -38,7 +38,7 @@ def __getattr__(name):  # nbgrader's preprocessors are imported only when asked 
 __all__ = [
     "discover_labs", "release", "autograde", "grade", "grade_submission", "prepare_template", "validate", "reap",
     "processes_with_token", "run_nbgrader", "nbgrader_env", "NbgraderRun", "fill_solutions", "strip_solution_markers",
-    "solution_cells", "submit", "cell_scores", "merge", "register_students", "read_grades_csv", "submissions",
+    "solution_cells", "submit", "without_demos", "cell_scores", "merge", "register_students", "read_grades_csv", "submissions",
     "notebook_problems", "GradingError", "HideHiddenTests", "SplitExecute", "REPO_ROOT", "GRADER_DIR", "WORK",
     "TOKEN_VAR", "LAB_ID", "SOLUTION_MARKERS", "HIDDEN_MARKERS",
 ]

@@ -35,6 +35,13 @@ def fill_solutions(release_nb, source_nb, replace: dict | None = None):
     return nb
 
 
+def without_demos(nb):
+    """The notebook without its demo cells (code cells with no nbgrader metadata: student-writable, never graded,
+    and no test may depend on them); what a student who deleted the demos submits."""
+    nb.cells = [c for c in nb.cells if c.cell_type != "code" or _nb(c)]
+    return nb
+
+
 def submit(course_root: Path | str, student: str, lab: str, nb) -> Path:
     """Place a notebook where nbgrader's autograde looks: submitted/<student>/<lab>/<lab>.ipynb."""
     import nbformat

@@ -14,7 +14,7 @@ subject, tests in the grader kernel, scores by nbgrader's own ``determine_grade`
    session changed and the verdicts after it cannot be trusted.
 
 It is a test of the tests, not a grade: a student's submission is always graded alone (``dtlabs grade``). The same
-answers graded one submission each (``DTLABS_FULL_AUTOGRADE=1`` in tests/test_labs.py) give the same verdicts,
+answers graded one submission each (``DTLABS_FULL=1`` in tests/test_labs.py) give the same verdicts,
 and tests/test_grading_cli.py checks that on the synthetic lab.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from lab_utils.grading.build import solution_cells
+from lab_utils.grading.build import solution_cells, without_demos
 from lab_utils.grading.course import REPO_ROOT
 from lab_utils.grading.execute import GRADER, SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
 
@@ -78,8 +78,7 @@ def session_notebook(source_nb):
     """The source with the solution typed in (markers stripped) and the demo cells (no nbgrader metadata) left out:
     what a student who deleted the demos submits, with the hidden tests in place as autograde puts them back."""
     answers = solution_cells(source_nb)
-    nb = copy.deepcopy(source_nb)
-    nb.cells = [c for c in nb.cells if c.cell_type != "code" or _meta(c)]
+    nb = without_demos(copy.deepcopy(source_nb))
     for cell in nb.cells:
         if _meta(cell).get("solution"):
             cell.source = answers[_meta(cell)["grade_id"]]
