@@ -28,8 +28,9 @@ accepted in ``grader/mutants/NN_topic.toml`` with a reason, and is then neither 
     reason = "x.min() and x.min().item() compare the same way against 0.0"
 
 All mutants of one lab are graded in ONE swap session (``lab_utils/grading/swaps.py``): the solution runs once,
-each mutant swaps its cell in, re-runs the cells from there on and is put back; the unmutated solution before the
-first mutant and after the last is the control.
+each mutant swaps its cell in, re-runs the cells from there on until a test loses points (killed) or the last test
+passes (survived), and is put back; the unmutated solution before the first mutant and after the last is the
+control.
 """
 from __future__ import annotations
 
@@ -307,7 +308,7 @@ def run_mutants(lab: str, mutants: list, *, root: Path | str = grading.REPO_ROOT
     split execution as ``autograde``, one kernel and sandbox for all. Returns the session's report."""
     from lab_utils.grading.swaps import CELL_TIMEOUT_S, Swap, check_swaps
 
-    return check_swaps(lab, [Swap(m.id, {m.grade_id: m.source}) for m in mutants], root=root,
+    return check_swaps(lab, [Swap(m.id, {m.grade_id: m.source}, first_loss=True) for m in mutants], root=root,
                        cell_timeout=cell_timeout or CELL_TIMEOUT_S)
 
 

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 from conftest import TEST_TOKEN_VAR, assert_no_leftovers, record_lab
 
-from lab_utils import grading
+from lab_utils import grading, mutate
 from lab_utils.grading.swaps import Swap, check_swaps, release_swap
 from known_wrong import known_wrong
 
@@ -39,6 +39,9 @@ LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "15
 # test may depend on: the solution without demos proves that, by keeping full marks.
 FULL_AUTOGRADE = os.environ.get("DTLABS_FULL", "") not in ("", "0")  # the nightly job: every answer graded alone
 SESSION_CELL_TIMEOUT_S = 120
+# Each push grades a fixed sample (seed 0) of `dtlabs mutate`'s single-change mutants of every lab in its session;
+# each must lose a point (issue 10's bar is 90% killed; of 3, that is all). `make mutate` grades more.
+MUTANTS_PER_LAB = int(os.environ.get("DTLABS_MUTANTS_PER_LAB", "3"))
 
 
 def _source(lab):
@@ -150,6 +153,7 @@ class LabGrades:
         self.session = None
         self.scores = {}
         self.timed_out = {}
+        self.mutants = []
         self.timings = {}
         self.leftovers = None
 
@@ -195,6 +199,10 @@ class LabGrades:
     def _session(self):
         swaps = [release_swap(self.lab)] + [Swap(f"wrong_{n}", {kw.replaces: kw.source}, until=_last_loses(kw))
                                             for n, kw in self.wrong.items()]
+        accepted = mutate.load_accepted(self.lab, REPO)
+        pool = [m for m in mutate.lab_mutants(_source(self.lab)) if m.id not in accepted]
+        self.mutants = mutate.sample(pool, MUTANTS_PER_LAB, seed=0)
+        swaps += [Swap(f"mutant_{m.id}", {m.grade_id: m.source}, first_loss=True) for m in self.mutants]
         self.session = check_swaps(self.lab, swaps, cell_timeout=SESSION_CELL_TIMEOUT_S)
         self.scores["solution"] = self.scores["solution_without_demos"] = self.session.baseline.scores
         self.scores["control"] = self.session.control.scores
@@ -295,6 +303,20 @@ def test_known_wrong_submission_loses_points(lab, name, graded):
         f"{kw.path.name} ({kw.mistake}) should lose points on {kw.loses} but keeps full marks on {kept}: "
         f"the hidden tests of {kept} do not catch this mistake\n" + g.explain(student))
     assert full, "the solution was not graded"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("lab", LABS)
+def test_sampled_mutants_lose_points(lab, graded):
+    """A mutant that keeps full marks is a mistake the tests let through (or an equivalent change: accept it with a
+    reason in grader/mutants/NN_topic.toml)."""
+    g = graded(lab)
+    if g.session is None:
+        pytest.skip("DTLABS_FULL=1: the nightly job runs `make mutate` on every lab instead")
+    survivors = [m for m in g.mutants if all((e or 0) >= mx for e, mx in g.scores[f"mutant_{m.id}"].values())]
+    assert not survivors, "mutants that keep full marks (strengthen a hidden test, or accept an equivalent one):\n" + \
+        "\n".join(f"--- {m.id} {m.grade_id} line {m.line} ({m.operator}: {m.description})\n{m.diff}" for m in survivors)
 
 
 @pytest.mark.slow

@@ -39,11 +39,13 @@ CELL_TIMEOUT_S = 120
 
 @dataclass
 class Swap:
-    """Answer cells replaced (grade_id -> source); ``until``: the last graded cell that matters (None: all)."""
+    """Answer cells replaced (grade_id -> source); ``until``: the last graded cell that matters (None: all);
+    ``first_loss``: stop at the first graded cell that loses points (a mutant is killed by any loss)."""
 
     name: str
     answers: dict
     until: str | None = None
+    first_loss: bool = False
 
 
 @dataclass
@@ -53,6 +55,7 @@ class SwapResult:
     timed_out: list = field(default_factory=list)  # grade_ids of cells that ran past the cell limit
     seconds: float = 0.0
     cell_seconds: dict = field(default_factory=dict)  # grade_id (or cell id) -> seconds, every cell it ran
+    last: int = -1                                    # the index of the last cell it ran
 
 
 @dataclass
@@ -114,8 +117,8 @@ class SwapSession(SplitExecute):
                 for swap in swaps:
                     span = self._span(swap)
                     self._forget([n for i in span for n in self.defines.get(i, ())])
-                    results[swap.name] = self._run(span, swap.answers)
-                    restore_errors += [f"{swap.name}: {e}" for e in self._restore(span)]
+                    results[swap.name] = res = self._run(span, swap.answers, first_loss=swap.first_loss)
+                    restore_errors += [f"{swap.name}: {e}" for e in self._restore(range(span.start, res.last + 1))]
                 control = self._run([i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _graded(c)], {})
         return SwapReport("", baseline, results, control, restore_errors, mode, time.monotonic() - start)
 
@@ -133,7 +136,7 @@ class SwapSession(SplitExecute):
             last = ends[-1]
         return range(min(first), last + 1)
 
-    def _run(self, indices, answers: dict, note_names: bool = False) -> SwapResult:
+    def _run(self, indices, answers: dict, note_names: bool = False, first_loss: bool = False) -> SwapResult:
         """Run cells ``indices`` (answers swapped in); the scores of the graded ones among them."""
         start = time.monotonic()
         out = SwapResult({})
@@ -157,10 +160,14 @@ class SwapSession(SplitExecute):
                 from nbgrader.utils import determine_grade
 
                 out.scores[gid] = determine_grade(run)
-                if out.scores[gid][0] != out.scores[gid][1]:
-                    out.errors[gid] = _first_error(run)
                 if any(o.get("ename") == "CellTimeoutError" for o in run.outputs):
                     out.timed_out.append(gid)
+                if out.scores[gid][0] != out.scores[gid][1]:
+                    out.errors[gid] = _first_error(run)
+                    if first_loss:
+                        out.last = i
+                        break
+            out.last = i
         out.seconds = time.monotonic() - start
         return out
 
