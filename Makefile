@@ -6,8 +6,9 @@ TORCH_SPEC ?= torch>=2.4
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# make test runs on JOBS pytest-xdist workers; the tests that share a lab's grading (or a cheat corpus) stay on one.
-JOBS       ?= 2
+# make test runs on JOBS pytest-xdist workers (3 on 2 cores: grading waits on kernels, sockets and timeouts much of
+# the time); the tests that share a lab's grading (or a cheat corpus) stay on one worker.
+JOBS       ?= 3
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 
 .PHONY: help install lab test test-gpu test-fast release bench bench-grade doctor mutate stress clean
@@ -30,7 +31,7 @@ lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
 	JUPYTER_CONFIG_PATH="$(CURDIR)/grader$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 		$(VENV)/bin/jupyter lab --notebook-dir=labs
 
-test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=2 workers)
+test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=3 workers)
 	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); they skip with a reason without CUDA
