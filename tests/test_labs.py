@@ -28,8 +28,10 @@ from lab_utils.grading.swaps import Swap, check_swaps, release_swap
 from known_wrong import known_wrong
 
 REPO = grading.REPO_ROOT
-# Under pytest-xdist (make test: --dist loadgroup) every test of one lab runs on the worker that grades it.
-LABS = [pytest.param(lab, marks=pytest.mark.xdist_group(f"lab-{lab}")) for lab in grading.discover_labs(REPO)]
+# Under pytest-xdist (make test: --dist loadgroup) the tests that share a lab's grading run on the worker that grades
+# it (LABS); the papermill runs share nothing and go to any worker (LAB_NAMES).
+LAB_NAMES = grading.discover_labs(REPO)
+LABS = [pytest.param(lab, marks=pytest.mark.xdist_group(f"lab-{lab}")) for lab in LAB_NAMES]
 WRONG = [pytest.param(lab, kw.name, marks=pytest.mark.xdist_group(f"lab-{lab}"))
          for lab in grading.discover_labs(REPO) for kw in known_wrong(lab, REPO)]
 PARAMETERS = {"WORLD_SIZE": 2, "BACKEND": "gloo"}
@@ -105,7 +107,7 @@ def _papermill(lab, tmp_path, parameters, timing_key, node):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("lab", LABS)
+@pytest.mark.parametrize("lab", LAB_NAMES)
 def test_solution_runs_under_papermill(lab, tmp_path, no_leaked_processes, request):
     executed = _papermill(lab, tmp_path, PARAMETERS, "papermill_s", request.node)
     injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
@@ -121,7 +123,7 @@ def _gpus() -> int:
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("lab", LABS)
+@pytest.mark.parametrize("lab", LAB_NAMES)
 def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_processes, request):
     """GPU runners: the same solution with BACKEND="auto", one rank per GPU (up to 4), so launch() picks NCCL."""
     gpus = _gpus()
