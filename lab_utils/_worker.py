@@ -25,6 +25,7 @@ import threading
 import time
 
 from lab_utils import _wire, processes
+from lab_utils.supervise import CELL_END
 
 RESULT_FD = 3
 RANK_MARK = "DTLABS_RANK_PID"  # in every rank's environment: the programs a rank starts carry its pid
@@ -294,8 +295,9 @@ def serve_cells() -> None:
             data = cloudpickle.dumps(("ok", value))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
             data = cloudpickle.dumps(("error", _describe_exception(exc)))
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):  # the notebook waits for these before the cell ends
+            stream.write(CELL_END + "\n")
+            stream.flush()
         _wire.write_frame(RESULT_FD, data)
 
 

@@ -35,7 +35,7 @@ import time
 
 from lab_utils import diagnostics
 from lab_utils.diagnostics import LaunchError, RankFailedError, RankTimeoutError
-from lab_utils.supervise import RankState, handle, supervise
+from lab_utils.supervise import RankState, handle, supervise, wait_cell_ends
 
 DEFAULT_TIMEOUT = 60.0
 START_TIMEOUT = 120.0
@@ -141,12 +141,15 @@ class DistributedGroup:
         data = cloudpickle.dumps(req)
         for rk in targets:
             rk.state, rk.value, rk.error = RankState.RUNNING, None, None
+            rk.cell_ends = set()
             try:
                 _wire.write_frame(rk.job_w, data)
             except OSError:
                 rk.state = RankState.EXITED  # its exit status (or the crash digest) tells why
         try:
-            return supervise(targets, self.events, time.monotonic(), timeout, DEBUG_HINT, bystanders=others)
+            values = supervise(targets, self.events, time.monotonic(), timeout, DEBUG_HINT, bystanders=others)
+            wait_cell_ends(targets, self.events, {rk.rank: rk for rk in self.ranks})
+            return values
         except KeyboardInterrupt:
             self._interrupt(targets, "interrupted")
             raise

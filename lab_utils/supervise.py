@@ -22,6 +22,9 @@ FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the root caus
 EXIT_STATUS_WAIT_S = 3.0  # ... and at most this long for a dead rank's exit status from the zygote
 STACK_DUMP_WAIT_S = 1.5
 STDERR_TAIL_LINES = 300
+# A persistent rank ends each cell's output with this on stdout and stderr (``_worker.serve_cells``): its result
+# frame travels on another pipe and can arrive before the last lines, which would then print in the next cell.
+CELL_END = "\x1edtlabs-cell-end"
 
 
 # ------------------------------------------------------------------------------------------------ events
@@ -71,6 +74,7 @@ class Rank:
     exit_code: int | None = None
     stderr_tail: list = field(default_factory=list)
     crashing: bool = False  # its stderr turned into a C++/faulthandler crash dump: summarised, not streamed
+    cell_ends: set = field(default_factory=set)  # the streams on which this cell's output has ended (CELL_END)
 
 
 # ------------------------------------------------------------------------------------------------ readers
@@ -168,6 +172,11 @@ def handle(ev, by_rank, cloudpickle):
     if rk is None:
         return
     if isinstance(ev, Line):
+        if ev.text.endswith(CELL_END):
+            rk.cell_ends.add(ev.stream)
+            ev = ev._replace(text=ev.text[: -len(CELL_END)])
+            if not ev.text:
+                return
         if ev.stream == "stderr":
             rk.stderr_tail = (rk.stderr_tail + [ev.text])[-STDERR_TAIL_LINES:]
             if not rk.crashing and diagnostics.CRASH_START.match(ev.text):
@@ -189,6 +198,22 @@ def handle(ev, by_rank, cloudpickle):
         rk.exit_code = ev.status
         if rk.state is RankState.RUNNING:
             rk.state = RankState.EXITED
+
+
+def wait_cell_ends(ranks, events, by_rank, wait_s: float = 5.0) -> None:
+    """After every rank returned, print what is still in flight until each says its output ended (bounded)."""
+    import cloudpickle
+
+    deadline = time.monotonic() + wait_s
+    while any(len(rk.cell_ends) < 2 for rk in ranks if rk.state is not RankState.EXITED):
+        if time.monotonic() > deadline:
+            return
+        try:
+            handle(events.get(timeout=0.05), by_rank, cloudpickle)
+        except queue.Empty:
+            continue
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def kill(ranks):
