@@ -398,9 +398,10 @@ def _after_cell(result) -> None:
 
 
 def start_grading(shared_sources=(), workdir: str | None = None, report_path: str | None = None,
-                  memory_mb: int | None = None, max_procs: int | None = None) -> str:
+                  memory_mb: int | None = None, max_procs: int | None = None, work_root: str | None = None) -> str:
     """Called by the grading executor's first (hidden) cell in the grader kernel: start the subject, install
-    ``%%student`` and the shared-cell hook. Returns the sandbox mode."""
+    ``%%student`` and the shared-cell hook. Returns the sandbox mode. The subject's folder is made under
+    ``work_root``, which the executor owns and removes once the kernel is gone (a killed kernel runs no cleanup)."""
     global _SESSION
     from IPython import get_ipython
 
@@ -412,12 +413,14 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
         limits.memory_mb = int(memory_mb)
     if max_procs:
         limits.max_procs = int(max_procs)
-    work = Path(tempfile.mkdtemp(prefix="dtlabs-subject-"))
+    work = Path(tempfile.mkdtemp(prefix="dtlabs-subject-", dir=work_root))
     if workdir:  # the submission's own files (data a student shipped), never its notebooks
         import shutil
 
         for item in Path(workdir).iterdir():
             if item.suffix == ".ipynb" or item.name.startswith(".ipynb_checkpoints"):
+                continue
+            if work.is_relative_to(item.resolve()):  # the temp folder lives beside the notebook: never copy it into itself
                 continue
             dest = work / item.name
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, dest)

@@ -4,6 +4,7 @@ the CSV lists every student, feedback never shows hidden tests, nothing a submis
 grading, and validation has a real exit code."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -130,17 +131,22 @@ def test_validate_exit_code_fails_on_stub_and_passes_on_solution(synthetic_cours
     t.cells[3].source = "pass  # the student deleted the test"
     nbformat.write(t, str(tampered))
     exe = [sys.executable, "-m", "lab_utils.cli", "validate", "--timeout", "30"]
+    tmp = tmp_path / "tmp"  # everything the runs leave in their temp folder is a leak
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
     procs = {p.stem: subprocess.Popen([*exe, str(p)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      cwd=tmp_path) for p in (stub, solved, tampered)}  # concurrently: kernels start slowly
+                                      cwd=tmp_path, env=env) for p in (stub, solved, tampered)}  # concurrently: kernels start slowly
     runs = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=400)
         runs[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert runs["stub"].returncode == 1, runs["stub"].stdout + runs["stub"].stderr
     assert "VALIDATION FAILED" in runs["stub"].stdout
-    assert runs["solved"].returncode == 0, runs["solved"].stdout + runs["solved"].stderr
+    assert runs["solved"].returncode == 0, runs["solved"].stderr[-3000:]
     assert "Success" in runs["solved"].stdout
     assert runs["tampered"].returncode == 1, "a changed locked test cell must not validate"
+    left = sorted(p.name for p in tmp.iterdir() if p.name.startswith("dtlabs-"))
+    assert not left, f"validating left the subjects' folders behind: {left}"
 
 
 def test_validate_missing_notebook_is_an_error(tmp_path, capsys):

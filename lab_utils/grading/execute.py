@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 
 from nbformat.v4 import new_code_cell
 from nbgrader.preprocessors import Execute
@@ -103,14 +105,17 @@ class SplitExecute(Execute):
                 shared.append(cell.source)
         workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
         report = os.environ.get("DTLABS_SANDBOX_REPORT")
+        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-")  # removed here: the kernel may die uncleaned
         preamble = new_code_cell(
             "import lab_utils.proxy as _dtlabs_proxy\n"
-            f"_dtlabs_proxy.start_grading(shared_sources={shared!r}, workdir={str(workdir)!r}, report_path={report!r})"
+            f"_dtlabs_proxy.start_grading(shared_sources={shared!r}, workdir={str(workdir)!r}, report_path={report!r}, "
+            f"work_root={work_root!r})"
         )
         nb.cells.insert(0, preamble)
         try:
             yield [None, *route]
         finally:
+            shutil.rmtree(work_root, ignore_errors=True)
             first = nb.cells.pop(0)
             for i, src in originals.items():
                 nb.cells[i].source = src
