@@ -32,6 +32,15 @@ def test_environment_yml_matches_pyproject():
     assert "-e .[test]" in pip, "environment.yml must install the course package itself"
 
 
+def test_nbformat_does_not_compile_iri_grammars_on_import():
+    """Every nbgrader, papermill and Jupyter process imports nbformat; jsonschema 4.24+ makes that import compile
+    rfc3987-syntax's Lark grammars (2.7 s of CPU each time). pyproject.toml pins jsonschema below that."""
+    code = "import sys, nbformat; print('rfc3987_syntax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False", ("importing nbformat loaded rfc3987_syntax: reinstall with `make install` "
+                            "(pyproject.toml keeps jsonschema<4.24 for this)")
+
+
 def test_torch_is_a_range_and_the_makefile_takes_its_spec_from_a_variable():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     torch = [d for d in deps if _split(d)[0] == "torch"]
