@@ -212,6 +212,20 @@ def test_rerun_grades_only_new_or_changed_submissions(synthetic_course, tmp_path
     assert "2 to grade" in capsys.readouterr().out
 
 
+def test_grade_records_a_lab_again_only_when_its_source_changed(synthetic_course, tmp_path):
+    """`grade` skips nbgrader's generate_assignment (a process of its own) when the gradebook holds the lab as
+    its source is now; a changed solution notebook (a new hidden test, other points) is recorded again."""
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    assert grading.gradebook.holds_current(root, LAB), "release recorded the lab: grading need not record it again"
+    nb_path = root / "solutions" / LAB / f"{LAB}.ipynb"
+    nb_path.write_text(nb_path.read_text() + "\n")
+    assert not grading.gradebook.holds_current(root, LAB), "a changed source must be recorded again before grading"
+    (root / "grader" / "work" / "gradebook.db").unlink()
+    grading.gradebook.note_recorded(root, [LAB])
+    assert not grading.gradebook.holds_current(root, LAB), "a gradebook without the lab must get it recorded"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_grade_one_and_merge_for_job_arrays(synthetic_course, tmp_path, no_leaked_processes, capsys):

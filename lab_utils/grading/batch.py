@@ -241,12 +241,15 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     todo = []
     for lab in labs:
         students = found.get(lab, [])
-        run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
-                           course_root=course_root, timeout=300)
-        if run.returncode != 0:
-            out(run.output[-3000:])
-            out(f"could not record {lab} in the gradebook (see above)")
-            return 2
+        if force or not gradebook.holds_current(course_root, lab):
+            run = run_nbgrader(["generate_assignment", lab, "--force",
+                                f"--CourseDirectory.release_directory={WORK / 'release'}"],
+                               course_root=course_root, timeout=300)
+            if run.returncode != 0:
+                out(run.output[-3000:])
+                out(f"could not record {lab} in the gradebook (see above)")
+                return 2
+            gradebook.note_recorded(course_root, [lab])
         gradebook.register_students(course_root, students)
         fresh = []
         for student in students:

@@ -8,6 +8,9 @@ gradebook through nbgrader's own API, which keeps the CSV export, feedback and t
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -33,6 +36,46 @@ def cell_scores(course_root: Path | str, lab: str, student: str) -> dict:
             for g in nb.grades:
                 out[g.name] = (float(g.score or 0.0), float(g.max_score))
     return out
+
+
+def _recorded_path(course_root: Path | str) -> Path:
+    return Path(course_root) / WORK / "gradebook-sources.json"
+
+
+def source_digest(course_root: Path | str, lab: str) -> str:
+    return hashlib.sha256((Path(course_root) / "solutions" / lab / f"{lab}.ipynb").read_bytes()).hexdigest()
+
+
+def holds_current(course_root: Path | str, lab: str) -> bool:
+    """Whether the gradebook already holds ``lab`` as its source is now (``generate_assignment`` would change
+    nothing, and costs an nbgrader process: ``grade`` skips it then)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    try:
+        recorded = json.loads(_recorded_path(course_root).read_text()).get(lab)
+    except (OSError, ValueError):
+        return False
+    if recorded != source_digest(course_root, lab) or not (Path(course_root) / WORK / "gradebook.db").is_file():
+        return False
+    with Gradebook(db_url(course_root)) as gb:
+        try:
+            gb.find_assignment(lab)
+        except MissingEntry:
+            return False
+    return True
+
+
+def note_recorded(course_root: Path | str, labs) -> None:
+    """``generate_assignment`` just recorded ``labs`` in the course's gradebook from their current source."""
+    path = _recorded_path(course_root)
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    recorded.update({lab: source_digest(course_root, lab) for lab in labs})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def register_students(course_root: Path | str, students) -> None:

@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+from lab_utils.grading import gradebook
 from lab_utils.grading.course import REPO_ROOT, GradingError, discover_labs
 from lab_utils.grading.nbgrader_run import run_nbgrader
 
@@ -42,6 +43,8 @@ def release(labs=None, *, root: Path | str = REPO_ROOT, dest: Path | str | None 
             if not data.endswith(b"\n"):
                 nb_path.write_bytes(data + b"\n")
             written.append(nb_path)
+        if not dest:  # the course's gradebook now holds these labs as their source is
+            gradebook.note_recorded(root, group)
     return written
 
 
