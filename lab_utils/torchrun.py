@@ -119,13 +119,24 @@ def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_ra
     return cmd
 
 
+_HARD_EXIT = """import os as _os, sys as _sys  # written by lab_utils.torchrun.write_script: see its docstring
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)"""
+
+
 def write_script(path, *functions, main: str, header: str = "") -> str:
     """Write notebook-defined functions into a script torchrun can run: ``header``, each function's source,
-    then ``main`` under ``if __name__ == "__main__":``. Returns the path."""
+    then ``main`` under ``if __name__ == "__main__":``, then a hard exit once ``main`` returned. Returns the path.
+
+    The hard exit (``os._exit(0)`` after flushing) skips interpreter teardown: under load, torch's C++ threads
+    sometimes abort it even after ``destroy_process_group`` (SIGABRT, "terminate called without an active
+    exception"), and torchrun counts that finished worker as failed. An exception in ``main`` still exits 1."""
     parts = [textwrap.dedent(header).strip() + "\n"] if header.strip() else []
     for fn in functions:
         parts.append(textwrap.dedent(inspect.getsource(fn)).rstrip() + "\n")
-    parts.append('if __name__ == "__main__":\n' + textwrap.indent(textwrap.dedent(main).strip(), "    ") + "\n")
+    parts.append('if __name__ == "__main__":\n' + textwrap.indent(textwrap.dedent(main).strip() + "\n" + _HARD_EXIT,
+                                                                  "    ") + "\n")
     with open(path, "w") as f:
         f.write("\n\n".join(parts))
     return str(path)

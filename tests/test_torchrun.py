@@ -163,6 +163,23 @@ def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
     assert len([t for _, t in result.lines if t.startswith("RESULT")]) == 2
 
 
+def test_a_written_script_exits_without_interpreter_teardown(tmp_path):
+    """write_script ends main with a flushed hard exit (torch's threads can abort teardown, which torchrun counts as
+    a failed worker); output still arrives and an exception in main still fails the script."""
+    from lab_utils.torchrun import write_script
+
+    def greet(name):
+        print("hello", name)
+
+    ok = write_script(tmp_path / "ok.py", greet, main="greet(sys.argv[1])", header="import sys")
+    assert "_os._exit(0)" in open(ok).read()
+    run = subprocess.run([sys.executable, ok, "ranks"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout == "hello ranks\n", run
+    bad = write_script(tmp_path / "bad.py", greet, main="greet(undefined_name)", header="import sys")
+    run = subprocess.run([sys.executable, bad], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "NameError" in run.stderr, run
+
+
 def test_agent_command_for_real_machines():
     static = tr.agent_command("train.py", ("--lr", 0.1), nnodes=2, nproc_per_node=8, node_rank=1,
                               master_addr="node-a", port=29500)
