@@ -53,6 +53,9 @@ PORT_RETRIES = 3
 HOST_WAIT_S = 60.0  # how long a static run's node 0 waits for the other agents to exit
 AGENT_STORE = "DTLABS_AGENT_STORE"  # host:port:n of the run's store, for the agent that must wait for n others
 EXITED_KEY = "dtlabs_agents_exited"
+# once an agent has given up (exit code != 0), the job has failed: the others get this long to finish their output,
+# then they are stopped (they would wait at torchrun's exit barrier or in a rendezvous for minutes)
+FAILED_GRACE_S = 10.0
 _PORT_IN_USE = ("EADDRINUSE", "address already in use", "Address already in use")
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -222,6 +225,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
     if rdzv == "c10d":  # every agent joins the store hosted here; none hosts it, so none can take it away
         port, rdzv_conf = store.port, {"is_host": "false"}
     exited = set()
+    failed_at = None  # when the first agent exited with a non-zero code
     port_ok = False  # a static run: node 0's agent is listening on the master port
     start = next_scan = time.monotonic()
     try:
@@ -246,6 +250,16 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                     exited.add(node)
                     if node > 0:
                         store.add(EXITED_KEY, 1)
+                    if proc.returncode != 0 and failed_at is None:
+                        failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FAILED_GRACE_S and any(
+                    p.poll() is None for p in procs):
+                gave_up = [n for n, p in enumerate(procs) if p.poll() not in (None, 0)]
+                waiting = [n for n, p in enumerate(procs) if p.poll() is None]
+                lines.append((gave_up[0], f"the agent of node {gave_up[0]} exited with code "
+                              f"{procs[gave_up[0]].returncode}; the agents of nodes {waiting} were still waiting for "
+                              f"it {FAILED_GRACE_S:g} s later (torchrun's exit barrier or a rendezvous): stopped them"))
+                break
             if timeout is not None and time.monotonic() - start > timeout:
                 result = TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id, commands)
                 raise TorchrunTimeout(

@@ -87,6 +87,32 @@ def test_two_static_nodes_train_stream_and_exit_clean(tmp_path, capsys):
     assert not processes_of(result.run_id), "a process of the finished run is still alive"
 
 
+ONE_NODE_FAILS = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    dist.destroy_process_group()
+    if os.environ["RANK"] == "1":
+        os._exit(3)  # node 1's worker fails after the work; node 0's agent then waits at torchrun's exit barrier
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_a_failed_node_stops_the_run_instead_of_leaving_the_others_waiting(tmp_path):
+    """Without the harness stopping them, node 0's agent waits at torchrun's exit barrier (5 minutes by default)
+    for node 1's agent, which has given up: the run would end only at its timeout, as a TorchrunTimeout."""
+    script = _script(tmp_path, "one_fails.py", ONE_NODE_FAILS)
+    result = run_nodes(script, nnodes=2, nproc_per_node=1, rdzv="static", timeout=200, check=False, quiet=True)
+    assert not result.ok and result.returncodes[1] not in (0, None), result.returncodes
+    assert "the agent of node 1 exited with code" in result.output(), result.output()[-2000:]
+    assert not processes_of(result.run_id), "a process of the stopped run is still alive"
+
+
 @pytest.mark.timeout(90)  # the run's own limit is 2 s: a run that ignored it would sleep for 600
 def test_timeout_kills_agents_even_before_their_workers_start(tmp_path):
     folder = tmp_path / "pids"
