@@ -14,7 +14,6 @@ or scores zero carries the reason in one line (nbgrader's or the sandbox's).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -183,22 +182,7 @@ def submission_digest(course_root: Path, lab: str, student: str) -> str:
     return _digest([*sub.rglob("*"), src])
 
 
-def _manifest_path(course_root: Path) -> Path:
-    return course_root / WORK / "graded.json"
-
-
-def load_manifest(course_root: Path) -> dict:
-    try:
-        return json.loads(_manifest_path(course_root).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def save_manifest(course_root: Path, manifest: dict) -> None:
-    path = _manifest_path(course_root)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+MANIFEST = "graded.json"  # "lab/student" -> digest of the submission (and source) last graded
 
 
 # ------------------------------------------------------------------------------------------ the batch
@@ -236,7 +220,7 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     if sandbox.mode() != "bwrap":
         out("WARNING: " + sandbox.FALLBACK_WARNING)
     out(f"sandbox: {sandbox.mode()}, {jobs} at a time")
-    manifest = {} if force else load_manifest(course_root)
+    manifest = {} if force else gradebook.read_record(course_root, MANIFEST)
     problems, scratch_dirs = [], []
     todo = []
     for lab in labs:
@@ -290,7 +274,7 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             why = "; ".join(res.reasons)
             if merged:
                 manifest[f"{lab}/{student}"] = digest
-                save_manifest(course_root, manifest)
+                gradebook.write_record(course_root, MANIFEST, manifest)
                 got, possible = res.points
                 line = f"   {student}/{lab}: {got:g}/{possible:g} ({res.seconds:.0f} s)"
                 if got == 0 or res.reasons:

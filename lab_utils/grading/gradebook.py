@@ -38,8 +38,23 @@ def cell_scores(course_root: Path | str, lab: str, student: str) -> dict:
     return out
 
 
-def _recorded_path(course_root: Path | str) -> Path:
-    return Path(course_root) / WORK / "gradebook-sources.json"
+SOURCES = "gradebook-sources.json"  # lab -> digest of the source notebook the gradebook last recorded
+
+
+def read_record(course_root: Path | str, name: str) -> dict:
+    """A JSON record of the course's grading work folder ({} when missing or unreadable)."""
+    try:
+        return json.loads((Path(course_root) / WORK / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_record(course_root: Path | str, name: str, data: dict) -> None:
+    """Replace a JSON record of the grading work folder atomically (a killed run leaves the old one whole)."""
+    path = Path(course_root) / WORK / name
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def source_digest(course_root: Path | str, lab: str) -> str:
@@ -51,11 +66,9 @@ def holds_current(course_root: Path | str, lab: str) -> bool:
     nothing, and costs an nbgrader process: ``grade`` skips it then)."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    try:
-        recorded = json.loads(_recorded_path(course_root).read_text()).get(lab)
-    except (OSError, ValueError):
+    if read_record(course_root, SOURCES).get(lab) != source_digest(course_root, lab):
         return False
-    if recorded != source_digest(course_root, lab) or not (Path(course_root) / WORK / "gradebook.db").is_file():
+    if not (Path(course_root) / WORK / "gradebook.db").is_file():
         return False
     with Gradebook(db_url(course_root)) as gb:
         try:
@@ -67,15 +80,9 @@ def holds_current(course_root: Path | str, lab: str) -> bool:
 
 def note_recorded(course_root: Path | str, labs) -> None:
     """``generate_assignment`` just recorded ``labs`` in the course's gradebook from their current source."""
-    path = _recorded_path(course_root)
-    try:
-        recorded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        recorded = {}
+    recorded = read_record(course_root, SOURCES)
     recorded.update({lab: source_digest(course_root, lab) for lab in labs})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_record(course_root, SOURCES, recorded)
 
 
 def register_students(course_root: Path | str, students) -> None:
