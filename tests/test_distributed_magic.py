@@ -25,6 +25,7 @@ from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
 from lab_utils.env import choose_backend
+from lab_utils.kernels import PrivateSocketKernelManager
 
 # slow: one kernel and ranks for the module (make test-fast leaves it out); one xdist worker runs the module in order
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed_magic")]
@@ -67,6 +68,7 @@ def kernel(tmp_path_factory):
         mp.setenv(TEST_TOKEN_VAR, token)
         nb = nbformat.v4.new_notebook()
         client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                                kernel_manager_class=PrivateSocketKernelManager,
                                 resources={"metadata": {"path": str(path)}})
         with client.setup_kernel():
             k = Kernel(client, nb, token)

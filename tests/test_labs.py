@@ -25,6 +25,7 @@ from conftest import TEST_TOKEN_VAR, assert_no_leftovers, record_lab
 
 from lab_utils import grading, mutate
 from lab_utils.grading.swaps import Swap, check_swaps, release_swap
+from lab_utils.kernels import PrivateSocketKernelManager
 from known_wrong import known_wrong
 
 REPO = grading.REPO_ROOT
@@ -100,6 +101,7 @@ def _papermill(lab, tmp_path, parameters, timing_key, node):
     papermill.execute_notebook(
         str(work / f"{lab}.ipynb"), str(out), parameters=parameters, cwd=str(work), kernel_name="python3",
         progress_bar=False, log_output=False, execution_timeout=300,
+        kernel_manager_class=PrivateSocketKernelManager,  # no kernel port race with other tests' ranks
     )
     record_lab(node, lab, {timing_key: time.monotonic() - start})
     return nbformat.read(str(out), as_version=4)

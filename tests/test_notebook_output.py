@@ -6,6 +6,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from lab_utils.env import choose_backend
+from lab_utils.kernels import PrivateSocketKernelManager
 
 CELLS = [
     "from lab_utils import launch",
@@ -29,6 +30,7 @@ def _run(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
     client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                            kernel_manager_class=PrivateSocketKernelManager,
                             resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     return nb

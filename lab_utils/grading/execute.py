@@ -25,6 +25,8 @@ import tempfile
 from nbformat.v4 import new_code_cell
 from nbgrader.preprocessors import Execute
 
+from lab_utils.kernels import PrivateSocketKernelManager
+
 GRADER, SHARED, STUDENT = "grader", "shared", "student"
 STUDENT_MAGIC = "%%student\n"
 
@@ -83,6 +85,11 @@ def routes(nb, resources=None) -> list[str | None]:
 
 class SplitExecute(Execute):
     """nbgrader's Execute, with the cells routed as the module docstring says."""
+
+    def __init__(self, *args, **kwargs):
+        # nbgrader's Execute sets AsyncKernelManager the same way; ours has no port race (lab_utils.kernels)
+        kwargs.setdefault("kernel_manager_class", PrivateSocketKernelManager)
+        super().__init__(*args, **kwargs)
 
     def preprocess(self, nb, resources=None, km=None):
         resources = resources if resources is not None else {}
