@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 JOBS       ?= 3
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 
-.PHONY: help install lab test test-gpu test-fast release bench bench-grade doctor mutate stress clean
+.PHONY: help install lab test test-gpu test-fast release bench bench-grade doctor mutate stress stress-tests clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -60,6 +60,10 @@ K    ?= 10
 LABS ?=
 stress: $(VENV)/.installed  ## grade every lab's solution K times (K=10) with the other cores busy; LABS=... picks labs
 	$(VENV)/bin/dtlabs stress $(LABS) --k $(K)
+
+STRESS_TESTS ?= tests/test_torchrun.py tests/test_reliability.py tests/test_browser.py
+stress-tests: $(VENV)/.installed  ## run the torchrun, launcher-reliability and browser tests K times in a row under load
+	$(VENV)/bin/dtlabs stress --tests $(STRESS_TESTS) --k $(K)
 
 clean:  ## remove .venv and grader work folders
 	rm -rf $(VENV) grader/work

@@ -7,6 +7,7 @@ always stopped here), autogrades the unchanged solution of each lab K times in a
 every run that did not get full marks with the failing cell's grade_id and nbgrader's error line.
 
     dtlabs stress 05_multi_node --k 10       # or: make stress K=10 LABS=05_multi_node
+    dtlabs stress --tests tests/test_torchrun.py --k 10   # the project's own tests, 10 runs in a row (make stress-tests)
 
 The grading steps come from ``lab_utils.grading`` through the three small functions below (``_prepare``,
 ``_grade_once``, ``_error_lines``), the only places that know its API.
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["stress", "StressRun", "busy_cores"]
+__all__ = ["stress", "stress_tests", "StressRun", "busy_cores"]
 
 STUDENT = "stress{:03d}"
 
@@ -205,6 +206,33 @@ def stress(labs=None, *, k: int = 10, busy: int | None = None, cell_timeout=None
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     print(summary(runs), file=out, flush=True)
+    return runs
+
+
+def stress_tests(pytest_args, *, k: int = 10, busy: int | None = None, out=None) -> list:
+    """Run a pytest selection `k` times in a row with the other cores busy (the project's own flakes: torchrun,
+    launcher reliability, browser). Returns one (exit code, failed test ids, seconds) per run."""
+    out = out or sys.stdout
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *pytest_args]
+    runs = []
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        with busy_cores(busy) as load:
+            print(f"stress: {' '.join(pytest_args)} x {k} runs, {load.n} busy-loop process(es) on "
+                  f"{os.cpu_count()} cores", file=out, flush=True)
+            for i in range(1, k + 1):
+                start = time.monotonic()
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+                runs.append((proc.returncode, failed, time.monotonic() - start))
+                tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+                print(f"run {i}: exit {proc.returncode} in {runs[-1][2]:.0f} s: {tail[0]}", file=out, flush=True)
+                for test in failed:
+                    print(f"    FAILED {test}", file=out, flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    good = sum(rc == 0 for rc, _, _ in runs)
+    print(f"\nstress summary: {good}/{len(runs)} runs passed", file=out, flush=True)
     return runs
 
 

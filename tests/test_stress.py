@@ -74,3 +74,21 @@ def test_report_names_the_failing_cell_and_its_error():
     assert "05_multi_node" in text and "1/2" in text
     assert "run 3: 2/5" in text and "test_train 0/3: AssertionError: rank 1 killed" in text
     assert "test_alpha_beta" not in text.split("lost points:")[1]
+
+
+def test_repeated_test_runs_report_every_run_that_failed_and_which_test(tmp_path):
+    """`dtlabs stress --tests`: a test that fails only on its second run is caught and named."""
+    counter = tmp_path / "runs"
+    (tmp_path / "test_flaky.py").write_text(
+        "import pathlib\n"
+        f"COUNTER = pathlib.Path({str(counter)!r})\n"
+        "def test_steady():\n    pass\n"
+        "def test_flaky():\n"
+        "    n = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1\n"
+        "    COUNTER.write_text(str(n))\n"
+        "    assert n != 2, 'the second run fails'\n")
+    out = io.StringIO()
+    runs = stress.stress_tests([str(tmp_path / "test_flaky.py")], k=3, busy=0, out=out)
+    assert [rc for rc, _, _ in runs] == [0, 1, 0], out.getvalue()
+    assert len(runs[1][1]) == 1 and runs[1][1][0].endswith("test_flaky.py::test_flaky"), out.getvalue()
+    assert "2/3 runs passed" in out.getvalue() and "FAILED" in out.getvalue()
