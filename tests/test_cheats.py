@@ -1,8 +1,11 @@
 """The cheat corpus (grader/cheats/, see its README) graded the way an instructor grades: no cheat gains anything,
 nothing of the course changes, a victim graded after every attacker keeps full marks, nothing survives.
 
-Graded with bubblewrap where it works, else in the fallback (DTLABS_SANDBOX=off); DTLABS_FULL=1 (the nightly job)
-grades both, the fallback only the attacks whose defence depends on the sandbox mode (grader/cheats/README.md).
+make test grades every cheat against Lab 01 with bubblewrap (where it works), and the cheats whose defence depends
+on the sandbox mode again in the fallback (DTLABS_SANDBOX=off), against the synthetic lab: the same attacks on the
+same grading pipeline, at a few seconds per submission instead of a torch kernel, subject and rank server each.
+DTLABS_FULL=1 (the nightly job) also grades the fallback against Lab 01. Where bubblewrap cannot run, make test
+grades Lab 01 in the fallback.
 """
 from __future__ import annotations
 
@@ -11,21 +14,52 @@ import os
 import re
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import TEST_TOKEN_VAR, assert_no_leftovers
+from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB, TEST_TOKEN_VAR, assert_no_leftovers, make_synthetic_course
 from known_wrong import read_known_wrong
 
 from lab_utils import grading, sandbox
 
 REPO = grading.REPO_ROOT
-LAB = "01_ddp_setup"
-TARGET = "test_ring_all_reduce"
 CHEATS = sorted((REPO / "grader" / "cheats").glob("*.py"))
-HONEST = read_known_wrong(REPO / "grader" / "known_wrong" / LAB / "ring_assumes_divisible.py")
 PWNED = Path("/tmp/dtlabs-pwned")
+CHEATS_LAB = "01_ddp_setup"  # the lab the cheats are written for; graded against another, they name that one
+
+
+@dataclass(frozen=True)
+class Target:
+    """The lab a corpus is graded against: the answer cell the attacks go into, under an honest wrong answer."""
+
+    lab: str
+    answer: str  # grade_id of the answer cell
+    test: str  # grade_id of the test cell the attacks aim at (the submission ends there)
+    honest: str  # known-wrong file (grader/known_wrong/<lab>/) under every attack
+    honest_score: tuple  # what the honest wrong answer scores on `test`
+    full_score: tuple  # what the solution scores on `test`
+
+    def course(self, root: Path) -> Path:
+        if self.lab == SYNTHETIC_LAB:
+            make_synthetic_course(root)
+        else:
+            shutil.copytree(REPO / "solutions" / self.lab, root / "solutions" / self.lab)
+        grading.release([self.lab], root=root)
+        return root
+
+    def known_wrong(self, root: Path):
+        folder = root if self.lab == SYNTHETIC_LAB else REPO  # the synthetic course carries its own
+        return read_known_wrong(folder / "grader" / "known_wrong" / self.lab / self.honest)
+
+    def attack(self, path: Path) -> str:
+        return path.read_text().replace(CHEATS_LAB, self.lab)
+
+
+LAB01 = Target(CHEATS_LAB, "ring_all_reduce", "test_ring_all_reduce", "ring_assumes_divisible.py", (0.0, 3.0),
+               (3.0, 3.0))
+SYNTHETIC = Target(SYNTHETIC_LAB, "add", "test_add", "ignores_sign.py", (0.0, 2.0), (2.0, 2.0))
 
 
 def _header(path: Path) -> dict:
@@ -66,28 +100,25 @@ def _cut(nb, grade_id):
     return nb
 
 
-def _course(root: Path) -> tuple:
-    shutil.copytree(REPO / "solutions" / LAB, root / "solutions" / LAB)
-    grading.release([LAB], root=root)
-    rel = nbformat.read(str(root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
-    src = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
-    return rel, src
-
-
-def _grade_corpus(root: Path, mode: str, monkeypatch) -> dict:
-    rel, src = _course(root)
-    grading.submit(root, "honest", LAB, _cut(grading.fill_solutions(rel, src, {"ring_all_reduce": HONEST.source}), TARGET))
+def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
+    lab = target.lab
+    target.course(root)
+    rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    honest = target.known_wrong(root)
+    grading.submit(root, "honest", lab, _cut(grading.fill_solutions(rel, src, {target.answer: honest.source}),
+                                             target.test))
     for path in _corpus(mode):
         head = _header(path)
-        nb = grading.fill_solutions(rel, src, {"ring_all_reduce": HONEST.source + "\n\n\n" + path.read_text()})
+        nb = grading.fill_solutions(rel, src, {target.answer: honest.source + "\n\n\n" + target.attack(path)})
         if head.get("tamper"):
             for cell in nb.cells:
                 meta = cell.metadata.get("nbgrader", {})
-                if meta.get("grade_id") == head["tamper"]:
+                if meta.get("grade_id") == target.test:
                     cell.source = "pass"
                     meta.update(solution=True, locked=False)
-        grading.submit(root, f"cheat_{path.stem}", LAB, _cut(nb, TARGET))
-    grading.submit(root, "zz_victim", LAB, _cut(grading.fill_solutions(rel, src), TARGET))  # graded last
+        grading.submit(root, f"cheat_{path.stem}", lab, _cut(nb, target.test))
+    grading.submit(root, "zz_victim", lab, _cut(grading.fill_solutions(rel, src), target.test))  # graded last
     before = _tree_digest(root)
     repo_before = _tree_digest(REPO)
     PWNED.unlink(missing_ok=True)
@@ -100,7 +131,7 @@ def _grade_corpus(root: Path, mode: str, monkeypatch) -> dict:
     sandbox.bwrap_path.cache_clear()
     lines = []
     try:
-        code = grading.grade([LAB], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
+        code = grading.grade([lab], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
     finally:
         sandbox.bwrap_path.cache_clear()
     repo_after = _tree_digest(REPO)
@@ -109,38 +140,43 @@ def _grade_corpus(root: Path, mode: str, monkeypatch) -> dict:
             "repo_after": repo_after}
 
 
-# make test grades the corpus in the mode grading uses here (bubblewrap where it works, else the fallback); the
-# nightly job (DTLABS_FULL=1) grades it in both. Under pytest-xdist one worker grades a corpus and runs its tests.
+# Under pytest-xdist one worker grades a corpus and runs its tests (module docstring: which corpora run when).
 FULL = os.environ.get("DTLABS_FULL", "") not in ("", "0")
-MODES = ["bwrap", "fallback"] if FULL else ["bwrap" if sandbox.bwrap_path() else "fallback"]
+if not sandbox.bwrap_path():
+    RUNS = [("fallback", LAB01)]
+elif FULL:
+    RUNS = [("bwrap", LAB01), ("fallback", LAB01), ("fallback", SYNTHETIC)]
+else:
+    RUNS = [("bwrap", LAB01), ("fallback", SYNTHETIC)]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.xdist_group(f"cheats-{m}")) for m in MODES])
+@pytest.fixture(scope="module", params=[pytest.param(r, id=f"{r[0]}-{r[1].lab}",
+                                                     marks=pytest.mark.xdist_group(f"cheats-{r[0]}-{r[1].lab}"))
+                                        for r in RUNS])
 def corpus(request, tmp_path_factory):
-    if request.param == "bwrap":
-        if not sandbox.bwrap_path():
-            pytest.skip("bubblewrap is not usable here (apt-get install bubblewrap); the fallback run still checks")
+    mode, target = request.param
     mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp(f"cheats-{request.param}")
+    root = tmp_path_factory.mktemp(f"cheats-{mode}")
     try:
-        result = _grade_corpus(root, request.param, mp)
+        result = _grade_corpus(root, mode, target, mp)
     finally:
         mp.undo()
-    result["root"] = root
-    result["mode"] = request.param
+    result.update(root=root, mode=mode, target=target)
     return result
 
 
 def _scores(corpus, student):
-    return grading.cell_scores(corpus["root"], LAB, student)
+    return grading.cell_scores(corpus["root"], corpus["target"].lab, student)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_honest_answer_underneath_scores_zero_and_the_victim_full_marks(corpus):
+    t = corpus["target"]
     honest, victim = _scores(corpus, "honest"), _scores(corpus, "zz_victim")
-    assert honest.get(TARGET) == (0.0, 3.0), f"the honest wrong ring should score 0/3: {honest}\n" + "\n".join(corpus["lines"])
-    assert victim.get(TARGET) == (3.0, 3.0), (
+    assert honest.get(t.test) == t.honest_score, (
+        f"the honest wrong answer should score {t.honest_score} on {t.test}: {honest}\n" + "\n".join(corpus["lines"]))
+    assert victim.get(t.test) == t.full_score, (
         f"the victim graded after every attacker lost points: {victim}\n" + "\n".join(corpus["lines"]))
 
 
@@ -156,7 +192,8 @@ def test_cheat_gains_nothing(corpus, cheat):
     got = _scores(corpus, f"cheat_{cheat}")
     line = next((x for x in corpus["lines"] if f"cheat_{cheat}/" in x), "(no line)")
     gained = {gid: s for gid, s in got.items() if s[0] > honest.get(gid, (0, 0))[0]}
-    assert not gained, f"[{corpus['mode']}] {cheat} gained points over the honest answer: {gained}\n{line}"
+    assert not gained, (f"[{corpus['mode']}, {corpus['target'].lab}] {cheat} gained points over the honest answer: "
+                        f"{gained}\n{line}")
 
 
 @pytest.mark.slow
@@ -170,7 +207,7 @@ def test_course_and_gradebook_are_unchanged(corpus):
     from nbgrader.api import Gradebook
 
     with Gradebook(grading.gradebook.db_url(corpus["root"])) as gb:
-        for sub in gb.assignment_submissions(LAB):
+        for sub in gb.assignment_submissions(corpus["target"].lab):
             for nb in sub.notebooks:
                 manual = [g.name for g in nb.grades if g.manual_score is not None]
                 assert not manual, f"{sub.student.id} has manual scores nobody gave: {manual}"
@@ -179,25 +216,28 @@ def test_course_and_gradebook_are_unchanged(corpus):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_no_hidden_test_reaches_a_cheats_output(corpus):
-    src = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    t = corpus["target"]
+    src = nbformat.read(str(corpus["root"] / "solutions" / t.lab / f"{t.lab}.ipynb"), as_version=4)
     hidden = [line.strip() for c in src.cells for line in c.source.split("### BEGIN HIDDEN TESTS")[1:]
               for line in line.split("### END HIDDEN TESTS")[0].splitlines() if len(line.strip()) > 20]
-    assert hidden
+    assert hidden and (t.lab != SYNTHETIC_LAB or any(HIDDEN_SOURCE in h for h in hidden))
     for path in _corpus(corpus["mode"]):
-        nb_path = corpus["root"] / "grader" / "work" / "autograded" / f"cheat_{path.stem}" / LAB / f"{LAB}.ipynb"
+        nb_path = corpus["root"] / "grader" / "work" / "autograded" / f"cheat_{path.stem}" / t.lab / f"{t.lab}.ipynb"
         if not nb_path.is_file():
             continue
         nb = nbformat.read(str(nb_path), as_version=4)
-        answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ring_all_reduce"]
+        answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == t.answer]
         text = "".join(str(o) for c in answers for o in c.get("outputs", []))
         leaked = [h for h in hidden if h in text]
-        assert not leaked, f"[{corpus['mode']}] {path.stem} printed a hidden test line: {leaked[0]}"
+        assert not leaked, f"[{corpus['mode']}, {t.lab}] {path.stem} printed a hidden test line: {leaked[0]}"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_limits_and_reasons_are_reported(corpus):
     lines = "\n".join(corpus["lines"])
+    graded = {p.stem for p in _corpus(corpus["mode"])}
     assert re.search(r"cheat_memory_hog/.*memory limit", lines), lines
     assert re.search(r"cheat_fork_flood/.*process limit", lines), lines
-    assert re.search(r"cheat_tamper_test_cell/.*tampered test cell test_ring_all_reduce", lines), lines
+    if "tamper_test_cell" in graded:
+        assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['target'].test}", lines), lines
