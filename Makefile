@@ -63,7 +63,7 @@ stress: $(VENV)/.installed  ## grade every lab's solution K times (K=10) with th
 
 STRESS_TESTS ?= tests/test_torchrun.py tests/test_reliability.py tests/test_browser.py
 stress-tests: $(VENV)/.installed  ## run the torchrun, launcher-reliability and browser tests K times in a row under load
-	$(VENV)/bin/dtlabs stress --tests $(STRESS_TESTS) --k $(K)
+	$(VENV)/bin/dtlabs stress --tests "$(STRESS_TESTS)" --k $(K)
 
 clean:  ## remove .venv and grader work folders
 	rm -rf $(VENV) grader/work

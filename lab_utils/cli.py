@@ -8,7 +8,7 @@
     dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
     dtlabs mutate LAB                 mutation testing of a lab's tests (survivors, kill rate; --min-kill)
     dtlabs stress [LAB ...] --k K     grade each lab's solution K times with the other cores busy (flakes)
-    dtlabs stress --tests T.. --k K   run the given tests K times in a row with the other cores busy
+    dtlabs stress --tests 'ARGS' --k K  run pytest ARGS K times in a row with the other cores busy
 """
 from __future__ import annotations
 
@@ -121,7 +121,9 @@ def _stress(args) -> int:
     from lab_utils import stress
 
     if args.tests:
-        runs = stress.stress_tests(args.tests, k=args.k, busy=args.busy)
+        import shlex
+
+        runs = stress.stress_tests(shlex.split(args.tests), k=args.k, busy=args.busy)
         return 0 if runs and all(rc == 0 for rc, _, _ in runs) else 1
     runs = stress.stress(args.labs or None, k=args.k, busy=args.busy, cell_timeout=args.timeout, keep=args.keep)
     return 0 if runs and all(r.full for r in runs) else 1
@@ -192,8 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--busy", type=int, default=None, help="busy-loop processes (default: cores - 1)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--keep", action="store_true", help="keep the scratch courses (autograded notebooks)")
-    s.add_argument("--tests", nargs="+", metavar="PYTEST_ARG", default=None,
-                   help="instead of grading labs, run these pytest arguments K times in a row under the same load")
+    s.add_argument("--tests", metavar="PYTEST_ARGS", default=None,
+                   help="instead of grading labs, run pytest with these arguments (one quoted string, e.g. "
+                        "'-n 2 tests/test_torchrun.py') K times in a row under the same load")
     s.set_defaults(func=_stress)
     return p
 

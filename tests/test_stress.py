@@ -92,3 +92,11 @@ def test_repeated_test_runs_report_every_run_that_failed_and_which_test(tmp_path
     assert [rc for rc, _, _ in runs] == [0, 1, 0], out.getvalue()
     assert len(runs[1][1]) == 1 and runs[1][1][0].endswith("test_flaky.py::test_flaky"), out.getvalue()
     assert "2/3 runs passed" in out.getvalue() and "FAILED" in out.getvalue()
+
+
+def test_stress_takes_pytest_options_as_one_argument():
+    """`make stress-tests` passes options such as `-n 2`: they must reach pytest, not dtlabs' own parser."""
+    from lab_utils import cli
+
+    args = cli.build_parser().parse_args(["stress", "--tests", "-n 2 tests/test_torchrun.py", "--k", "3"])
+    assert args.tests == "-n 2 tests/test_torchrun.py" and args.k == 3
