@@ -182,18 +182,19 @@ def test_the_honest_answer_underneath_scores_zero_and_the_victim_full_marks(corp
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("cheat", [p.stem for p in CHEATS])
-def test_cheat_gains_nothing(corpus, cheat):
-    if cheat not in {p.stem for p in _corpus(corpus["mode"])}:
-        head = _header(REPO / "grader" / "cheats" / (cheat + ".py"))
-        pytest.skip(f"{cheat} is stopped only by the sandbox: {head['sandbox-only']}" if "sandbox-only" in head else
-                    f"{cheat} is defended by split execution alone, the same code in both modes: graded with bwrap")
+def test_no_cheat_gains_anything(corpus):
+    """Every cheat of this corpus against the honest answer underneath it, cell by cell; the failure names each
+    cheat that gained and its grading line."""
     honest = _scores(corpus, "honest")
-    got = _scores(corpus, f"cheat_{cheat}")
-    line = next((x for x in corpus["lines"] if f"cheat_{cheat}/" in x), "(no line)")
-    gained = {gid: s for gid, s in got.items() if s[0] > honest.get(gid, (0, 0))[0]}
-    assert not gained, (f"[{corpus['mode']}, {corpus['target'].lab}] {cheat} gained points over the honest answer: "
-                        f"{gained}\n{line}")
+    gains = []
+    for path in _corpus(corpus["mode"]):
+        got = _scores(corpus, f"cheat_{path.stem}")
+        gained = {gid: s for gid, s in got.items() if s[0] > honest.get(gid, (0, 0))[0]}
+        if gained:
+            line = next((x for x in corpus["lines"] if f"cheat_{path.stem}/" in x), "(no line)")
+            gains.append(f"{path.stem} gained {gained}: {line}")
+    assert not gains, (f"[{corpus['mode']}, {corpus['target'].lab}] cheats gained points over the honest answer "
+                       f"{honest}:\n" + "\n".join(gains))
 
 
 @pytest.mark.slow
