@@ -19,8 +19,11 @@ help:  ## list the targets
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-compile -e ".[test,bench]"
+	@# Bytecode on every core at once (pip compiles on one: 30 s of the clean-clone set-up). A file that does not
+	@# compile is not an error here, as under pip: Python reads its source.
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
 install: $(VENV)/.installed  ## create .venv and install the course package with its test tools
@@ -31,13 +34,17 @@ lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
 	JUPYTER_CONFIG_PATH="$(CURDIR)/grader$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 		$(VENV)/bin/jupyter lab --notebook-dir=labs
 
+# lab_utils' bytecode once up front: hundreds of test processes import it, and where PYTHONDONTWRITEBYTECODE is set
+# (as on our CI machines) each would otherwise compile it from source.
 test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=3 workers)
+	$(PY) -m compileall -qq lab_utils
 	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); they skip with a reason without CUDA
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed  ## the tests that start no notebook, kernel or torchrun job (under a minute)
+	$(PY) -m compileall -qq lab_utils
 	$(PY) -m pytest -m "not slow and not browser" $(PARALLEL) $(PYTEST_ARGS)
 
 release: $(VENV)/.installed  ## regenerate labs/ from solutions/ with nbgrader (commit the result)
