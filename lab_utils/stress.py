@@ -14,6 +14,7 @@ The grading steps come from ``lab_utils.grading`` through the three small functi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -169,11 +170,8 @@ def stress(labs=None, *, k: int = 10, busy: int | None = None, cell_timeout=None
         raise grading.GradingError(f"no solutions/NN_topic/NN_topic.ipynb for {unknown}")
     runs = []
     scratch = Path(tempfile.mkdtemp(prefix="dtlabs-stress-"))
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        with busy_cores(busy) as load:
-            print(f"stress: {len(labs)} lab(s) x {k} autograde runs, {load.n} busy-loop process(es) on "
-                  f"{os.cpu_count()} cores", file=out, flush=True)
+        with _under_load(busy, f"{len(labs)} lab(s) x {k} autograde runs", out):
             for lab in labs:
                 root = scratch / lab
                 nb = _prepare(lab, root, repo_root)
@@ -200,7 +198,6 @@ def stress(labs=None, *, k: int = 10, busy: int | None = None, cell_timeout=None
                     bar.set_postfix_str(f"{sum(x.full for x in runs if x.lab == lab)}/{i} full")
                 bar.close()
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if keep:
             print(f"scratch courses kept in {scratch}", file=out)
         else:
@@ -215,25 +212,32 @@ def stress_tests(pytest_args, *, k: int = 10, busy: int | None = None, out=None)
     out = out or sys.stdout
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *pytest_args]
     runs = []
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        with busy_cores(busy) as load:
-            print(f"stress: {' '.join(pytest_args)} x {k} runs, {load.n} busy-loop process(es) on "
-                  f"{os.cpu_count()} cores", file=out, flush=True)
-            for i in range(1, k + 1):
-                start = time.monotonic()
-                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-                runs.append((proc.returncode, failed, time.monotonic() - start))
-                tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
-                print(f"run {i}: exit {proc.returncode} in {runs[-1][2]:.0f} s: {tail[0]}", file=out, flush=True)
-                for test in failed:
-                    print(f"    FAILED {test}", file=out, flush=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with _under_load(busy, f"{' '.join(pytest_args)} x {k} runs", out):
+        for i in range(1, k + 1):
+            start = time.monotonic()
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+            runs.append((proc.returncode, failed, time.monotonic() - start))
+            tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+            print(f"run {i}: exit {proc.returncode} in {runs[-1][2]:.0f} s: {tail[0]}", file=out, flush=True)
+            for test in failed:
+                print(f"    FAILED {test}", file=out, flush=True)
     good = sum(rc == 0 for rc, _, _ in runs)
     print(f"\nstress summary: {good}/{len(runs)} runs passed", file=out, flush=True)
     return runs
+
+
+@contextlib.contextmanager
+def _under_load(busy, what: str, out):
+    """The other cores busy while the block runs, said in one line; SIGTERM stops it as ^C does (busy loops and
+    scratch folders are cleaned up either way)."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        with busy_cores(busy) as load:
+            print(f"stress: {what}, {load.n} busy-loop process(es) on {os.cpu_count()} cores", file=out, flush=True)
+            yield load
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _raise_interrupt(signum, frame):
