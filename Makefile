@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 JOBS       ?= 3
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 
-.PHONY: help install lab test test-gpu test-fast release bench bench-grade doctor mutate stress stress-tests clean
+.PHONY: help install bytecode lab test test-gpu test-fast release bench bench-grade doctor mutate stress stress-tests clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,15 +36,16 @@ lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
 
 # lab_utils' bytecode once up front: hundreds of test processes import it, and where PYTHONDONTWRITEBYTECODE is set
 # (as on our CI machines) each would otherwise compile it from source.
-test: $(VENV)/.installed  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=3 workers)
+bytecode: $(VENV)/.installed
 	$(PY) -m compileall -qq lab_utils
+
+test: bytecode  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=3 workers)
 	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); they skip with a reason without CUDA
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed  ## the tests that start no notebook, kernel or torchrun job (under a minute)
-	$(PY) -m compileall -qq lab_utils
+test-fast: bytecode  ## the tests that start no notebook, kernel or torchrun job (under a minute)
 	$(PY) -m pytest -m "not slow and not browser" $(PARALLEL) $(PYTEST_ARGS)
 
 release: $(VENV)/.installed  ## regenerate labs/ from solutions/ with nbgrader (commit the result)
