@@ -5,7 +5,8 @@
 What it promises, and how:
 - Notebook-defined functions work: ``fn`` and its arguments travel by value with cloudpickle.
 - Fast and fork-safe: ranks are forked from a warm *zygote* (``_worker.py``) that imported torch but never
-  CUDA, never runs student code and holds no threads; the notebook process itself is never forked.
+  CUDA, never runs student code and holds no threads; the notebook process itself is never forked (the
+  grading subject forks its zygote from itself at start-up, before any thread or student code: ``fork_zygote``).
 - No port races: this process hosts the rendezvous ``TCPStore`` on port 0 and hands the bound port to the
   ranks, so any number of notebooks on one machine launch at once.
 - torchrun's environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
@@ -32,12 +33,12 @@ import sys
 import threading
 import time
 
-from lab_utils import _wire
+from lab_utils import _wire, processes
 from lab_utils.diagnostics import LaunchError, RankFailedError, RankTimeoutError
 from lab_utils.env import MAX_LOCAL_WORLD_SIZE, choose_backend, loopback_ifname, threads_per_rank
 from lab_utils.supervise import Exit, Rank, drain, kill, start_readers, supervise
 
-__all__ = ["launch", "prewarm", "shutdown", "LaunchError", "RankFailedError", "RankTimeoutError"]
+__all__ = ["launch", "prewarm", "shutdown", "fork_zygote", "LaunchError", "RankFailedError", "RankTimeoutError"]
 
 MASTER_ADDR = "127.0.0.1"
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,19 +48,24 @@ _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class _Zygote:
     """The warm fork server, one per launching process."""
 
-    def __init__(self):
+    def __init__(self, fork_here: bool = False, close_fds=()):
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("OMP_NUM_THREADS", "1")  # the zygote computes nothing; ranks set their own
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lab_utils._worker", str(child_sock.fileno()), str(os.getpid())],
-            pass_fds=[child_sock.fileno()],
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # a Ctrl-C / kernel interrupt reaches us, not the zygote
-        )
+        if fork_here:  # see fork_zygote
+            self.proc = processes.ForkedChild(
+                _forked_zygote, child_sock.fileno(), os.getpid(), (parent_sock.fileno(), *close_fds)
+            )
+        else:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
+            env["PYTHONUNBUFFERED"] = "1"
+            env.setdefault("OMP_NUM_THREADS", "1")  # the zygote computes nothing; ranks set their own
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lab_utils._worker", str(child_sock.fileno()), str(os.getpid())],
+                pass_fds=[child_sock.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # a Ctrl-C / kernel interrupt reaches us, not the zygote
+            )
         child_sock.close()
         self.sock = parent_sock
         self.owner_pid = os.getpid()
@@ -118,8 +124,40 @@ class _Zygote:
         self.sock.close()
 
 
+def _forked_zygote(sock_fd: int, launcher_pid: int, close_fds) -> None:
+    """The child side of ``fork_zygote``: drop the parent's descriptors, leave its session, serve forks."""
+    from lab_utils._worker import zygote_main
+
+    for fd in close_fds:
+        os.close(fd)
+    os.setsid()  # as start_new_session: a Ctrl-C / interrupt reaches the launcher, not the zygote
+    zygote_main(sock_fd, launcher_pid)
+
+
 _zygote: _Zygote | None = None
 _zygote_lock = threading.RLock()
+
+
+def fork_zygote(close_fds=()) -> None:
+    """Make this process's zygote by forking this process, after importing what a zygote imports first.
+
+    Saves a fresh interpreter's ``import torch`` (about 1.7 s of CPU) where the launching process will import
+    torch anyway: the grading subject, which calls this at start-up, before it starts a thread or runs a cell,
+    so the fork is clean (no threads, no CUDA, no student code). ``close_fds``: descriptors the zygote must not
+    keep (the subject's socket to the grader, whose end-of-file tells the grader the subject is gone). Anywhere
+    else (a notebook kernel has threads) the zygote is a fresh interpreter, started on first use.
+    """
+    global _zygote
+    from lab_utils._worker import CORE_IMPORTS
+
+    for name in CORE_IMPORTS:
+        __import__(name)
+    if threading.active_count() > 1:
+        raise RuntimeError("fork_zygote() needs a single-threaded process; launch() starts a fresh zygote instead")
+    with _zygote_lock:
+        if _zygote is not None:
+            _zygote.stop()
+        _zygote = _Zygote(fork_here=True, close_fds=close_fds)
 
 
 def _get_zygote() -> _Zygote:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -55,6 +56,56 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, watch_s: fl
                     os._exit(1)
 
         threading.Thread(target=watch, name="dtlabs-parent-watch", daemon=True).start()
+
+
+class ForkedChild:
+    """``target(*args)`` in a child made with ``os.fork``, behind the three ``Popen`` methods callers use
+    (``poll``, ``send_signal``, ``wait``), so a forked helper and a spawned one are handled alike.
+
+    The child exits with ``os._exit`` when ``target`` returns (0) or raises (1, traceback on stderr): it never
+    runs the parent's atexit handlers or returns into the parent's code."""
+
+    def __init__(self, target, *args):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                target(*args)
+                code = 0
+            except BaseException:  # noqa: BLE001 - the child must never unwind into the parent's code
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: gone, status unknown (Popen says 0 too)
+                self.returncode = 0
+                return 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
 
 
 def pump_lines(fd: int, on_line, on_eof=None) -> threading.Thread:

@@ -331,3 +331,19 @@ def test_a_segfault_is_summarised_with_the_line_not_dumped(capsys):
     assert "os.kill(os.getpid(), signal.SIGSEGV)" in msg, msg
     _, err = capsys.readouterr()
     assert "Thread 0x" not in msg and "Thread 0x" not in err and "Fatal Python error" not in err, (msg, err)
+
+
+def test_fork_zygote_refuses_a_threaded_process():
+    """A fork copies one thread and every lock: only a single-threaded process (the subject at start-up) may."""
+    from lab_utils.launch import fork_zygote
+
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)
+    worker.start()
+    try:
+        with pytest.raises(RuntimeError, match="single-threaded"):
+            fork_zygote()
+    finally:
+        release.set()
+        worker.join()
+

@@ -23,9 +23,15 @@ pytestmark = pytest.mark.slow  # launching processes and 20 launches: tens of se
 
 SLEEPER = textwrap.dedent(
     """
-    import sys
+    import os, select, sys
     import launch_helpers as h
     from lab_utils import launch
+    if sys.argv[2] == "fork":  # as the grading subject does: the zygote is a fork of this process
+        from lab_utils.launch import fork_zygote
+        r, w = os.pipe()
+        fork_zygote(close_fds=(w,))
+        os.close(w)  # our last copy: EOF at once, unless the zygote kept one
+        print("EOF" if select.select([r], [], [], 10)[0] and os.read(r, 1) == b"" else "HELD", flush=True)
     try:
         launch(h.sleep_forever, world_size=2, args=(sys.argv[1],), timeout=300, quiet=True)
     except KeyboardInterrupt:
@@ -35,9 +41,9 @@ SLEEPER = textwrap.dedent(
 )
 
 
-def _start_sleeper(tmp_path):
+def _start_sleeper(tmp_path, zygote="spawn"):
     proc = subprocess.Popen(
-        [sys.executable, "-c", SLEEPER, str(tmp_path)], cwd=TESTS, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", SLEEPER, str(tmp_path), zygote], cwd=TESTS, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
     )
     deadline = time.monotonic() + 60
@@ -47,21 +53,27 @@ def _start_sleeper(tmp_path):
         assert time.monotonic() < deadline, "ranks did not start within 60 s"
         time.sleep(0.05)
     ranks = [int(p.read_text()) for p in pidfiles]
-    zygotes = [c.pid for c in psutil.Process(proc.pid).children() if c.name() == "dtlabs-zygote"]
+    zygotes = [c for c in psutil.Process(proc.pid).children() if c.name() == "dtlabs-zygote"]
     assert len(zygotes) == 1
-    return proc, ranks, zygotes[0]
+    forked = zygotes[0].cmdline() == psutil.Process(proc.pid).cmdline()  # no interpreter of its own
+    assert forked == (zygote == "fork"), f"the zygote should be {zygote}ed: {zygotes[0].cmdline()}"
+    if zygote == "fork":
+        assert proc.stdout.readline().strip() == "EOF", "the forked zygote kept a descriptor it was told to close"
+    return proc, ranks, zygotes[0].pid
 
 
-def test_kernel_interrupt_stops_every_rank(tmp_path):
-    proc, ranks, _ = _start_sleeper(tmp_path)
+@pytest.mark.parametrize("zygote", ["spawn", "fork"])
+def test_kernel_interrupt_stops_every_rank(tmp_path, zygote):
+    proc, ranks, _ = _start_sleeper(tmp_path, zygote)
     proc.send_signal(signal.SIGINT)  # what "Interrupt the kernel" does to ipykernel
     out, _ = proc.communicate(timeout=30)  # the ranks sleep for 300 s: returning at all means they were stopped
     assert "interrupted" in out, "KeyboardInterrupt must reach the caller after the ranks are stopped"
     assert not h.wait_gone(ranks, timeout=5), "ranks survived a kernel interrupt"
 
 
-def test_kernel_death_takes_ranks_and_zygote_with_it(tmp_path):
-    proc, ranks, zygote = _start_sleeper(tmp_path)
+@pytest.mark.parametrize("zygote", ["spawn", "fork"])
+def test_kernel_death_takes_ranks_and_zygote_with_it(tmp_path, zygote):
+    proc, ranks, zygote = _start_sleeper(tmp_path, zygote)
     proc.kill()  # a crashed or restarted kernel: no chance to clean up
     proc.wait(timeout=10)
     alive = h.wait_gone(ranks + [zygote], timeout=5)
