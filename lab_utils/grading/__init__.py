@@ -8,6 +8,7 @@
 | execute        | split execution: answers in the sandboxed subject, tests in the grader kernel        |
 | batch          | ``dtlabs grade``: one sandbox and scratch course per submission, ``--jobs N``        |
 | gradebook      | scores in, scores out; a scratch result merged into the course's gradebook           |
+| guard          | without bubblewrap: what a submission changed in the course, put back and named      |
 | feedback       | feedback HTML without hidden tests                                                   |
 | validate       | the student's pre-submission check, with an exit code                                |
 | build          | submissions built from the source (solution filled in, one answer swapped)          |
