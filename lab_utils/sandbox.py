@@ -36,7 +36,8 @@ KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 FALLBACK_WARNING = (
     "dtlabs: bubblewrap (bwrap) is not available, so submissions run with folder isolation and resource limits "
     "only: their code cannot change a grade, but it could read or write files of this machine that it finds by "
-    "absolute path. Install Debian's 'bubblewrap' for the full sandbox."
+    "absolute path (dtlabs grade puts back the course's grading files, one submission at a time). Install "
+    "Debian's 'bubblewrap' for the full sandbox."
 )
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from lab_utils.grading import gradebook
 from lab_utils.grading.course import REPO_ROOT, WORK, discover_labs, split_hidden, submissions
+from lab_utils.grading.guard import Guard, GuardError
 from lab_utils.grading.nbgrader_run import run_nbgrader
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 1800.0
@@ -185,6 +186,16 @@ def submission_digest(course_root: Path, lab: str, student: str) -> str:
 MANIFEST = "graded.json"  # "lab/student" -> digest of the submission (and source) last graded
 
 
+def _put_back_reason(touched: list[str], course_root: Path) -> str:
+    """The grade line's note for course files a submission changed (``Guard.restore``), or ''."""
+    if not touched:
+        return ""
+    shown = ", ".join(os.path.relpath(t, course_root) if Path(t).is_relative_to(course_root) else t
+                      for t in touched[:4])
+    more = f" and {len(touched) - 4} more" if len(touched) > 4 else ""
+    return f"sandbox: it changed files of the course while graded (put back): {shown}{more}"
+
+
 # ------------------------------------------------------------------------------------------ the batch
 def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=None, lab_timeout=None,
           submission_timeout=None, force=False, feedback=True, csv_path=None, jobs=1, out=print,
@@ -217,8 +228,13 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     labs = [lab for lab in labs if lab in known]
     if not labs:
         return 2
-    if sandbox.mode() != "bwrap":
+    fallback = sandbox.mode() != "bwrap"
+    if fallback:
         out("WARNING: " + sandbox.FALLBACK_WARNING)
+        if int(jobs) > 1:
+            out(f"--jobs {jobs} needs bubblewrap: without it the course is checked between submissions, so they "
+                "are graded one at a time")
+        jobs = 1
     out(f"sandbox: {sandbox.mode()}, {jobs} at a time")
     manifest = {} if force else gradebook.read_record(course_root, MANIFEST)
     problems, scratch_dirs = [], []
@@ -253,6 +269,13 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             todo += [(lab, student, digest, tdir) for student, digest in fresh]
 
     per_submission = submission_timeout or lab_timeout or DEFAULT_SUBMISSION_TIMEOUT_S
+    guard, stopped = None, None
+    if fallback and todo:  # bubblewrap hides all of this from a submission; without it, put back what one changed
+        work = course_root / WORK
+        guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / "submitted",
+                       *{tdir for *_, tdir in todo}, course_root / "solutions", course_root / "grader", sandbox.PKG_DIR],
+                      skip=[work])
+        guard.snapshot()
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm
@@ -264,12 +287,28 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         for fut in as_completed(futures):
             lab, student, digest = futures[fut]
             try:
-                res = fut.result()
+                res, failure = fut.result(), None
             except Exception as exc:  # noqa: BLE001 - one broken submission never stops the batch
+                res, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
+            try:
+                touched = guard.restore() if guard is not None else []
+            except GuardError as exc:
+                stopped = f"STOPPED after {student}/{lab}: {exc}; grade again once the course is whole"
+                for f in futures:
+                    f.cancel()
+                break
+            put_back = _put_back_reason(touched, course_root)
+            if res is None:
                 problems.append((lab, student))
-                out(f"   NOT GRADED: {student}/{lab} (grading failed: {type(exc).__name__}: {exc})")
+                out(f"   NOT GRADED: {student}/{lab} ({'; '.join(filter(None, [failure, put_back]))})")
+                if guard is not None:
+                    guard.snapshot()
+                if bar is not None:
+                    bar.update(1)
                 continue
             scratch_dirs.append(res.scratch)
+            if put_back:
+                res.reasons.append(put_back)
             merged = res.graded and gradebook.merge(course_root, res.scratch, lab, student)
             why = "; ".join(res.reasons)
             if merged:
@@ -284,6 +323,8 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
                 problems.append((lab, student))
                 manifest.pop(f"{lab}/{student}", None)
                 out(f"   NOT GRADED: {student}/{lab} ({why or 'nbgrader produced no grade; see its log'})")
+            if guard is not None:
+                guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
             if bar is not None:
                 bar.set_postfix_str(f"{student}/{lab} {'ok' if merged else 'NOT GRADED'}")
                 bar.update(1)
@@ -291,6 +332,9 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         bar.close()
     for d in scratch_dirs:
         shutil.rmtree(d, ignore_errors=True)
+    if stopped:
+        out(stopped)
+        return 2
 
     csv_path = Path(csv_path) if csv_path else course_root / WORK / "grades.csv"
     run = run_nbgrader(["export", f"--to={csv_path.resolve()}"], course_root=course_root, timeout=300)
