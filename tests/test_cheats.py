@@ -6,6 +6,11 @@ on the sandbox mode again in the fallback (DTLABS_SANDBOX=off), against the synt
 same grading pipeline, at a few seconds per submission instead of a torch kernel, subject and rank server each.
 DTLABS_FULL=1 (the nightly job) also grades the fallback against Lab 01. Where bubblewrap cannot run, make test
 grades Lab 01 in the fallback.
+
+In the fallback nothing stops a submission from writing what it finds, so the attacks that search the machine for
+gradebooks and submissions really write them (and the course guard must put them back): there they search only
+this test's folder, which holds the course and, beside it, the temp folder the grading uses, as /tmp lies beside a
+course. Searching all of /tmp would damage the courses of tests running in parallel and the developer's checkout.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +59,16 @@ class Target:
         folder = root if self.lab == SYNTHETIC_LAB else REPO  # the synthetic course carries its own
         return read_known_wrong(folder / "grader" / "known_wrong" / self.lab / self.honest)
 
-    def attack(self, path: Path) -> str:
-        return path.read_text().replace(CHEATS_LAB, self.lab)
+    def attack(self, path: Path, search_root: Path | None = None) -> str:
+        """The attack's text for this lab; ``search_root`` replaces the folders an attack searches the file system
+        in (the fallback: there it would really damage other tests' courses and the developer's checkout)."""
+        text = path.read_text().replace(CHEATS_LAB, self.lab)
+        if search_root is not None:
+            text = SEARCHED.sub(repr(str(search_root)), text)
+        return text
+
+
+SEARCHED = re.compile(r'"/tmp",\s*"/home",\s*"/work",\s*"/srv"')  # the machine-wide folders attacks search
 
 
 LAB01 = Target(CHEATS_LAB, "ring_all_reduce", "test_ring_all_reduce", "ring_assumes_divisible.py", (0.0, 3.0),
@@ -65,7 +79,7 @@ SYNTHETIC = Target(SYNTHETIC_LAB, "add", "test_add", "ignores_sign.py", (0.0, 2.
 def _header(path: Path) -> dict:
     head = {}
     for line in path.read_text().splitlines():
-        m = re.match(r"^#\s*(attack|defended-by|tamper|sandbox-only)\s*:\s*(.*)$", line)
+        m = re.match(r"^#\s*(attack|defended-by|tamper)\s*:\s*(.*)$", line)
         if m:
             head[m.group(1)] = m.group(2).strip()
         elif not line.startswith("#"):
@@ -75,9 +89,9 @@ def _header(path: Path) -> dict:
 
 def _corpus(mode: str) -> list[Path]:
     """Every cheat with the sandbox. In the fallback, those whose defence depends on the sandbox mode (not `split`
-    alone: that is the same code in both) and that the fallback can stop (the others say why in `sandbox-only`)."""
+    alone: that is the same code in both)."""
     def in_fallback(head):
-        return head.get("defended-by", "").replace(" ", "") != "split" and "sandbox-only" not in head
+        return head.get("defended-by", "").replace(" ", "") != "split"
 
     return [p for p in CHEATS if mode == "bwrap" or in_fallback(_header(p))]
 
@@ -106,11 +120,17 @@ def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
     rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
     src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     honest = target.known_wrong(root)
+    search_root = None
+    if mode == "fallback":  # the course, its templates and scratch courses, and nothing else, are what attacks find
+        search_root, tmp = root.parent, root.parent / "tmp"  # side by side, as a course and /tmp are
+        tmp.mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp))
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     grading.submit(root, "honest", lab, _cut(grading.fill_solutions(rel, src, {target.answer: honest.source}),
                                              target.test))
     for path in _corpus(mode):
         head = _header(path)
-        nb = grading.fill_solutions(rel, src, {target.answer: honest.source + "\n\n\n" + target.attack(path)})
+        nb = grading.fill_solutions(rel, src, {target.answer: honest.source + "\n\n\n" + target.attack(path, search_root)})
         if head.get("tamper"):
             for cell in nb.cells:
                 meta = cell.metadata.get("nbgrader", {})
@@ -156,7 +176,8 @@ else:
 def corpus(request, tmp_path_factory):
     mode, target = request.param
     mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp(f"cheats-{mode}")
+    root = tmp_path_factory.mktemp(f"cheats-{mode}") / "course"
+    root.mkdir()
     try:
         result = _grade_corpus(root, mode, target, mp)
     finally:
@@ -242,3 +263,8 @@ def test_limits_and_reasons_are_reported(corpus):
     assert re.search(r"cheat_fork_flood/.*process limit", lines), lines
     if "tamper_test_cell" in graded:
         assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['target'].test}", lines), lines
+    if corpus["mode"] == "fallback":  # the guard, not luck, undid them: each line names what was put back
+        assert "graded one at a time" in lines, "--jobs 2 without bubblewrap must say it grades one at a time"
+        assert re.search(r"cheat_gradebook_write/.*put back\): .*gradebook\.db", lines), lines
+        assert re.search(r"cheat_overwrite_victims/.*put back\): .*submitted/", lines), lines
+        assert not re.search(r"(honest|zz_victim)/.*put back", lines), "an honest submission was said to change files"

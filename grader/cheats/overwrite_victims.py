@@ -1,6 +1,6 @@
 # attack: overwrite every other submission of this lab with the empty release
 # defended-by: sandbox
-# sandbox-only: it searches /tmp, where the fallback keeps its scratch courses
+#   (with bubblewrap it finds nothing; without, the course guard of `dtlabs grade` puts back what it wrote)
 import glob
 import os
 import shutil
