@@ -76,16 +76,21 @@ def _remote_exception(reply: dict) -> BaseException:
     return exc
 
 
+START_TIMEOUT_S = 120  # to start the subject (bubblewrap, Python, torch): the grader's time, never the student's
+
+
 class _Session:
     """The subject process, its sandbox, and the request/reply loop that streams its output into the cell."""
 
-    def __init__(self, workdir: Path, limits=None, report_path: str | None = None):
+    def __init__(self, workdir: Path, limits=None, report_path: str | None = None, fork_zygote: bool = False):
         from lab_utils import sandbox
 
         self.report_path = report_path
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         env = {"DTLABS_SUBJECT_FD": str(child.fileno()), "DTLABS_SUBJECT": "1"}
+        if fork_zygote:  # see lab_utils.subject.main
+            env["DTLABS_FORK_ZYGOTE"] = "1"
         argv = [sys.executable, "-m", "lab_utils.subject"]
         self.box = sandbox.start(argv, workdir, env=env, pass_fds=(child.fileno(),), limits=limits, stdout=out_w)
         os.close(out_w)
@@ -99,7 +104,7 @@ class _Session:
         self.mode = self.box.mode
         self.pid: int | None = None
 
-    def wait_ready(self, timeout: float = 120) -> None:
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         """Block until the subject has started (imported torch, forked its rank server, made its shell)."""
         self.pid = self._wait_reply(timeout=timeout, expect="ready").get("pid")
 
@@ -400,11 +405,10 @@ def _after_cell(result) -> None:
             _SHARED_NAMES.add(k)
 
 
-def _import_while_subject_starts(shared_sources) -> None:
-    """The course's shared cells import torch here too: do it now, while the subject imports its own (about 1.7 s
-    of a second core), instead of after it. Course sources only; no student code has run anywhere yet."""
-    if any("torch" in src for src in shared_sources):
-        import torch  # noqa: F401
+def _course_uses_torch(shared_sources) -> bool:
+    """Whether the course's shared cells (which run on both sides) import torch: then both sides import it at
+    start-up, side by side, and the subject forks its rank server from itself (``lab_utils.subject.main``)."""
+    return any("torch" in src for src in shared_sources)
 
 
 def start_grading(shared_sources=(), workdir: str | None = None, report_path: str | None = None,
@@ -445,8 +449,10 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     tempfile.tempdir = str(tmp)
     os.chdir(work)  # relative paths too: both sides work in the same folder (the subject sees it at the same path)
     try:
-        session = _Session(work, limits, report_path)
-        _import_while_subject_starts(shared_sources)
+        uses_torch = _course_uses_torch(shared_sources)
+        session = _Session(work, limits, report_path, fork_zygote=uses_torch)
+        if uses_torch:  # while the subject imports its own (about 1.7 s of the other core), not after it
+            import torch  # noqa: F401
         session.wait_ready()
         _SESSION = session
     except Exception as exc:

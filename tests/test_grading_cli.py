@@ -240,3 +240,20 @@ def test_grade_one_and_merge_for_job_arrays(synthetic_course, tmp_path, no_leake
     assert cli.main(["merge", str(results), "--course-root", str(root)]) == 0
     assert grading.cell_scores(root, LAB, "carol") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
     assert (root / "grader" / "work" / "autograded" / "carol" / LAB / f"{LAB}.ipynb").is_file()
+
+
+def test_starting_the_sandbox_is_not_cut_short_by_the_per_cell_limit(tmp_path, monkeypatch):
+    """The hidden first cell starts the subject (bubblewrap, Python, torch): under load that takes longer than an
+    instructor's short ``--timeout`` for student cells (a CI run lost a good submission to ``--timeout 5`` so)."""
+    from lab_utils.grading.execute import SplitExecute
+    from lab_utils.proxy import START_TIMEOUT_S
+
+    monkeypatch.chdir(tmp_path)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    ex = SplitExecute(timeout=5)
+    with ex.split(nb, {}):
+        preamble, answer = nb.cells
+        assert "start_grading" in preamble.source
+        assert ex.timeout_func(preamble) == START_TIMEOUT_S
+        assert ex.timeout_func(answer) == 5, "a student's cell keeps the instructor's limit"
+    assert nb.cells == [answer] and ex.timeout_func is None

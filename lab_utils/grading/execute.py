@@ -26,6 +26,7 @@ from nbformat.v4 import new_code_cell
 from nbgrader.preprocessors import Execute
 
 from lab_utils.kernels import PrivateSocketKernelManager
+from lab_utils.proxy import START_TIMEOUT_S
 
 GRADER, SHARED, STUDENT = "grader", "shared", "student"
 STUDENT_MAGIC = "%%student\n"
@@ -119,9 +120,15 @@ class SplitExecute(Execute):
             f"work_root={work_root!r})"
         )
         nb.cells.insert(0, preamble)
+        cell_timeout = self.timeout_func
+        # starting the sandbox is the grader's time: never cut short by the student's per-cell limit
+        self.timeout_func = lambda cell: (
+            max(self.timeout, START_TIMEOUT_S) if cell is preamble and self.timeout else
+            cell_timeout(cell) if cell_timeout is not None else self.timeout)
         try:
             yield [None, *route]
         finally:
+            self.timeout_func = cell_timeout
             shutil.rmtree(work_root, ignore_errors=True)
             first = nb.cells.pop(0)
             for i, src in originals.items():
