@@ -207,15 +207,17 @@ def main() -> None:
     fd = int(os.environ.pop("DTLABS_SUBJECT_FD"))
     sys.stderr = sys.stdout  # one stream back to the grader (a stderr line would fail a graded cell)
     os.dup2(1, 2)
-    from lab_utils.launch import fork_zygote
+    if os.environ.pop("DTLABS_FORK_ZYGOTE", "") == "1":
+        from lab_utils.launch import fork_zygote
 
-    # Before any thread or cell: this process imports torch for the submission anyway, so its rank server is a
-    # fork of it rather than a second interpreter importing torch again. If that cannot be done safely, the first
-    # launch starts a fresh rank server as a notebook's does: slower, never wrong.
-    try:
-        fork_zygote(close_fds=(fd,))
-    except (ImportError, RuntimeError, OSError) as exc:
-        print(f"dtlabs-subject: rank server not forked ({type(exc).__name__}: {exc}); a fresh one starts on first use")
+        # Before any thread or cell: a course whose cells import torch has this process import it anyway, so its
+        # rank server is a fork of it rather than a second interpreter importing torch again. If that cannot be
+        # done safely, the first launch starts a fresh rank server as a notebook's does: slower, never wrong.
+        try:
+            fork_zygote(close_fds=(fd,))
+        except (ImportError, RuntimeError, OSError) as exc:
+            print(f"dtlabs-subject: rank server not forked ({type(exc).__name__}: {exc}); a fresh one starts on "
+                  "first use")
     _SUBJECT = Subject(socket.socket(fileno=fd))  # IPython now owns sys.modules["__main__"]; this module stays "lab_utils.subject"
     _SUBJECT.serve()
     # Graded: stop the rank server and leave without the interpreter's teardown (most of a second unloading
