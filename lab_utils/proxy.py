@@ -448,6 +448,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = str(tmp)
     os.chdir(work)  # relative paths too: both sides work in the same folder (the subject sees it at the same path)
+    session = None
     try:
         uses_torch = _course_uses_torch(shared_sources)
         session = _Session(work, limits, report_path, fork_zygote=uses_torch)
@@ -455,7 +456,9 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
             import torch  # noqa: F401
         session.wait_ready()
         _SESSION = session
-    except Exception as exc:
+    except BaseException as exc:  # an interrupt too: a subject that never became ready must not run on
+        if session is not None:
+            session.stop()
         msg = f"sandbox could not start: {type(exc).__name__}: {exc}"
         if report_path:
             with open(report_path, "a") as fh:
