@@ -298,31 +298,28 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
                     f.cancel()
                 break
             put_back = _put_back_reason(touched, course_root)
+            merged = False
             if res is None:
                 problems.append((lab, student))
                 out(f"   NOT GRADED: {student}/{lab} ({'; '.join(filter(None, [failure, put_back]))})")
-                if guard is not None:
-                    guard.snapshot()
-                if bar is not None:
-                    bar.update(1)
-                continue
-            scratch_dirs.append(res.scratch)
-            if put_back:
-                res.reasons.append(put_back)
-            merged = res.graded and gradebook.merge(course_root, res.scratch, lab, student)
-            why = "; ".join(res.reasons)
-            if merged:
-                manifest[f"{lab}/{student}"] = digest
-                gradebook.write_record(course_root, MANIFEST, manifest)
-                got, possible = res.points
-                line = f"   {student}/{lab}: {got:g}/{possible:g} ({res.seconds:.0f} s)"
-                if got == 0 or res.reasons:
-                    line += f" - {why or 'no test passed'}"
-                out(line)
             else:
-                problems.append((lab, student))
-                manifest.pop(f"{lab}/{student}", None)
-                out(f"   NOT GRADED: {student}/{lab} ({why or 'nbgrader produced no grade; see its log'})")
+                scratch_dirs.append(res.scratch)
+                if put_back:
+                    res.reasons.append(put_back)
+                merged = res.graded and gradebook.merge(course_root, res.scratch, lab, student)
+                why = "; ".join(res.reasons)
+                if merged:
+                    manifest[f"{lab}/{student}"] = digest
+                    gradebook.write_record(course_root, MANIFEST, manifest)
+                    got, possible = res.points
+                    line = f"   {student}/{lab}: {got:g}/{possible:g} ({res.seconds:.0f} s)"
+                    if got == 0 or res.reasons:
+                        line += f" - {why or 'no test passed'}"
+                    out(line)
+                else:
+                    problems.append((lab, student))
+                    manifest.pop(f"{lab}/{student}", None)
+                    out(f"   NOT GRADED: {student}/{lab} ({why or 'nbgrader produced no grade; see its log'})")
             if guard is not None:
                 guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
             if bar is not None:
