@@ -73,10 +73,10 @@ def test_kernel_interrupt_stops_every_rank(tmp_path, zygote):
 
 @pytest.mark.parametrize("zygote", ["spawn", "fork"])
 def test_kernel_death_takes_ranks_and_zygote_with_it(tmp_path, zygote):
-    proc, ranks, zygote = _start_sleeper(tmp_path, zygote)
+    proc, ranks, zygote_pid = _start_sleeper(tmp_path, zygote)
     proc.kill()  # a crashed or restarted kernel: no chance to clean up
     proc.wait(timeout=10)
-    alive = h.wait_gone(ranks + [zygote], timeout=5)
+    alive = h.wait_gone(ranks + [zygote_pid], timeout=5)
     assert not alive, f"orphans after the launching process was SIGKILLed: {alive}"
 
 

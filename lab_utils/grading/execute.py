@@ -121,10 +121,14 @@ class SplitExecute(Execute):
         )
         nb.cells.insert(0, preamble)
         cell_timeout = self.timeout_func
-        # starting the sandbox is the grader's time: never cut short by the student's per-cell limit
-        self.timeout_func = lambda cell: (
-            max(self.timeout, START_TIMEOUT_S) if cell is preamble and self.timeout else
-            cell_timeout(cell) if cell_timeout is not None else self.timeout)
+
+        def timeout_for(cell):
+            """Starting the sandbox is the grader's time: never cut short by the student's per-cell limit."""
+            if cell is preamble and self.timeout:
+                return max(self.timeout, START_TIMEOUT_S)
+            return cell_timeout(cell) if cell_timeout is not None else self.timeout
+
+        self.timeout_func = timeout_for
         try:
             yield [None, *route]
         finally:
