@@ -1,7 +1,7 @@
 """``%%distributed`` benchmark: per-cell overhead of a 2-rank cell with one all-reduce, medians from one run.
 
   %%distributed   a cell on 2 persistent ranks (started once with %dist start), through IPython's run_cell
-  launch (warm)   lab_utils.launch of the same work, fork server warm: fresh ranks and a new group per call
+  launch (warm)   lab_utils.launcher.launch of the same work, fork server warm: fresh ranks and a new group per call
   %%px            ipyparallel's cell magic on 2 engines, only if ipyparallel is installed (not a dependency)
 Target: a %%distributed cell costs <= 0.05 s.
 

@@ -3,7 +3,7 @@
 Baselines, measured here in the same run (targets in ARCHITECTURE.md and the README):
   mp.spawn           torch.multiprocessing.spawn from a script (fresh interpreters: import torch each time)
   notebook_launcher  accelerate's fork-based launcher (fast, but forks the caller: unsafe with CUDA/threads)
-  launch (cold)      the first lab_utils.launch in a fresh process: fork server start + import torch
+  launch (cold)      the first lab_utils.launcher.launch in a fresh process: fork server start + import torch
   launch (warm)      later launches, fork server warm (what a student gets after the first cell)
 Targets: warm <= 0.25 s, warm no slower than notebook_launcher, >= 20x faster than mp.spawn, cold <= mp.spawn.
 

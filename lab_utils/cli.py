@@ -19,7 +19,7 @@ import sys
 
 
 def _doctor(args) -> int:
-    from lab_utils.doctor import doctor
+    from lab_utils.launcher.doctor import doctor
 
     return int(doctor())
 
@@ -111,14 +111,14 @@ def _bench(args) -> int:
 
 
 def _mutate(args) -> int:
-    from lab_utils import mutate
+    from lab_utils.grading.quality import mutate
 
     return mutate.main(args.lab, n=args.n or None, seed=args.seed, min_kill=args.min_kill, cell_timeout=args.timeout,
                        list_only=args.list)
 
 
 def _stress(args) -> int:
-    from lab_utils import stress
+    from lab_utils.grading.quality import stress
 
     if args.tests:
         import shlex

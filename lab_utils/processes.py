@@ -15,6 +15,16 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent  # the lab_utils package this process imported
+
+
+def python_path(extra: str | None = None) -> str:
+    """A PYTHONPATH under which a child ``python -m lab_utils...`` imports this same package (an editable install
+    or a plain checkout included), before ``extra`` (the caller's own PYTHONPATH)."""
+    return os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), extra) if p)
+
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15

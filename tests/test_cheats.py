@@ -28,7 +28,8 @@ import pytest
 from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB, TEST_TOKEN_VAR, assert_no_leftovers, make_synthetic_course
 from known_wrong import read_known_wrong
 
-from lab_utils import grading, sandbox
+from lab_utils import grading
+from lab_utils.grading import sandbox
 
 REPO = grading.REPO_ROOT
 CHEATS = sorted((REPO / "grader" / "cheats").glob("*.py"))
@@ -148,12 +149,8 @@ def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
     monkeypatch.setenv("DTLABS_MAX_PROCS", "64")
     if mode == "fallback":
         monkeypatch.setenv("DTLABS_SANDBOX", "off")
-    sandbox.bwrap_path.cache_clear()
     lines = []
-    try:
-        code = grading.grade([lab], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
-    finally:
-        sandbox.bwrap_path.cache_clear()
+    code = grading.grade([lab], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
     repo_after = _tree_digest(REPO)
     assert_no_leftovers(token)
     return {"code": code, "lines": lines, "before": before, "after": _tree_digest(root), "repo_before": repo_before,

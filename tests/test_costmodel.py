@@ -1,11 +1,11 @@
-"""The all-reduce cost model (lab_utils.costmodel) and the explorer widget built on it (Lab 06)."""
+"""The all-reduce cost model (lab_utils.labkit.costmodel) and the explorer widget built on it (Lab 06)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from lab_utils import costmodel
+from lab_utils.labkit import costmodel
 
 ALPHA, BETA = 10e-6, 1e-9  # 10 µs, 1 GB/s
 
@@ -86,7 +86,7 @@ def test_comm_share_counts_in_flight_time_once_and_exposed_time_separately():
 
 def test_explorer_renders_a_png_and_its_numbers_headlessly():
     pytest.importorskip("matplotlib")
-    from lab_utils.widgets import render_allreduce
+    from lab_utils.labkit.widgets import render_allreduce
 
     png, s = render_allreduce(world_size=512, message_mb=0.01, bandwidth_gbs=10, latency_us=20, compute_ms=100)
     assert png.startswith(b"\x89PNG")
@@ -96,7 +96,7 @@ def test_explorer_renders_a_png_and_its_numbers_headlessly():
 
 def test_explorer_widget_builds_headlessly_and_follows_its_sliders():
     pytest.importorskip("ipywidgets")
-    from lab_utils.widgets import allreduce_explorer
+    from lab_utils.labkit.widgets import allreduce_explorer
 
     box = allreduce_explorer(world_size=2, message_mb=100.0)
     assert set(box.controls) == {"world_size", "message_mb", "bandwidth_gbs", "latency_us", "compute_ms", "overlap"}

@@ -24,8 +24,8 @@ from conftest import TEST_TOKEN_VAR, assert_no_leftovers
 from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
-from lab_utils.env import choose_backend
-from lab_utils.kernels import PrivateSocketKernelManager
+from lab_utils.launcher.backend import choose_backend
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 
 # slow: one kernel and ranks for the module (make test-fast leaves it out); one xdist worker runs the module in order
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed_magic")]

@@ -1,8 +1,8 @@
 """`dtlabs doctor` tells a student what a launch would use, and fails with a fix when it cannot work."""
 from __future__ import annotations
 
-import lab_utils.env as env
-from lab_utils.doctor import doctor
+import lab_utils.launcher.backend as env
+from lab_utils.launcher.doctor import doctor
 
 
 def test_doctor_reports_the_setup_and_a_working_all_reduce():

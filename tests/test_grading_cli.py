@@ -18,7 +18,7 @@ from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB as LAB
 from known_wrong import known_wrong
 
 from lab_utils import cli, grading
-from lab_utils.grading.swaps import Swap, check_swaps, release_swap
+from lab_utils.grading.quality.swaps import Swap, check_swaps, release_swap
 from lab_utils.grading.validate import _wrap_error
 
 
@@ -245,8 +245,8 @@ def test_grade_one_and_merge_for_job_arrays(synthetic_course, tmp_path, no_leake
 def test_starting_the_sandbox_is_not_cut_short_by_the_per_cell_limit(tmp_path, monkeypatch):
     """The hidden first cell starts the subject (bubblewrap, Python, torch): under load that takes longer than an
     instructor's short ``--timeout`` for student cells (a CI run lost a good submission to ``--timeout 5`` so)."""
-    from lab_utils.grading.execute import SplitExecute
-    from lab_utils.proxy import START_TIMEOUT_S
+    from lab_utils.grading.split.execute import SplitExecute
+    from lab_utils.grading.split.proxy import START_TIMEOUT_S
 
     monkeypatch.chdir(tmp_path)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])

@@ -1,4 +1,4 @@
-"""Kernels on private sockets (lab_utils.kernels): no TCP port for another process to take before the kernel binds
+"""Kernels on private sockets (lab_utils.grading.split.kernels): no TCP port for another process to take before the kernel binds
 it (a CI run lost `dtlabs validate` to "Address already in use"), nothing left behind."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import psutil
 import pytest
 from nbclient import NotebookClient
 
-from lab_utils import kernels
-from lab_utils.grading.execute import SplitExecute
-from lab_utils.grading.swaps import SwapSession
-from lab_utils.kernels import PrivateSocketKernelManager
+from lab_utils.grading.split import kernels
+from lab_utils.grading.split.execute import SplitExecute
+from lab_utils.grading.quality.swaps import SwapSession
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 
 PROBE = ("import json, os\n"
          "from ipykernel import get_connection_info\n"

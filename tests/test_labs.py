@@ -23,9 +23,10 @@ import nbformat
 import pytest
 from conftest import TEST_TOKEN_VAR, assert_no_leftovers, record_lab
 
-from lab_utils import grading, mutate
-from lab_utils.grading.swaps import Swap, check_swaps, release_swap
-from lab_utils.kernels import PrivateSocketKernelManager
+from lab_utils import grading
+from lab_utils.grading.quality import mutate
+from lab_utils.grading.quality.swaps import Swap, check_swaps, release_swap
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from known_wrong import known_wrong
 
 REPO = grading.REPO_ROOT

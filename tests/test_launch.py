@@ -1,4 +1,4 @@
-"""lab_utils.launch: results, environment, output streaming, failures and bad input (CPU, gloo)."""
+"""lab_utils.launcher.launch: results, environment, output streaming, failures and bad input (CPU, gloo)."""
 from __future__ import annotations
 
 import importlib
@@ -13,7 +13,7 @@ import torch
 
 import launch_helpers as h
 from lab_utils import RankFailedError, RankTimeoutError, launch
-from lab_utils.env import choose_backend
+from lab_utils.launcher.backend import choose_backend
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def test_output_is_prefixed_with_the_rank(capsys):
 
 
 def test_backend_choice_is_announced_once(capsys):
-    L = importlib.import_module("lab_utils.launch")
+    L = importlib.import_module("lab_utils.launcher.launch")
 
     L._banner_seen.clear()
     launch(h.returns_own_rank, world_size=2)
@@ -192,7 +192,7 @@ def test_auto_picks_nccl_with_one_gpu_per_rank():
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly 1 CUDA GPU")
 def test_auto_falls_back_to_gloo_with_too_few_gpus(capsys):
-    L = importlib.import_module("lab_utils.launch")
+    L = importlib.import_module("lab_utils.launcher.launch")
 
     L._banner_seen.clear()
     assert launch(h.report_env, world_size=2)[0]["backend"] == "gloo"
@@ -244,18 +244,18 @@ def test_crash_digest_names_notebook_cells_not_temp_files(monkeypatch):
         "Fatal Python error: Aborted",
         "",
         "Thread 0x00007f01378146c0 (most recent call first):",
-        '  File "/x/lab_utils/_worker.py", line 78 in loop',
+        '  File "/x/lab_utils/launcher/worker.py", line 78 in loop',
         "",
         "Thread 0x00007f015724fb80 (most recent call first):",
         '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2799 in recv',
         '  File "/x/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper',
         f'  File "{cell}", line 14 in ring_all_reduce',
-        '  File "/x/lab_utils/_worker.py", line 250 in _call_in_group',
+        '  File "/x/lab_utils/launcher/worker.py", line 250 in _call_in_group',
         "",
         "Extension modules: numpy, torch._C (total: 2)",
     ]
-    D = importlib.import_module("lab_utils.diagnostics")
-    S = importlib.import_module("lab_utils.supervise")
+    D = importlib.import_module("lab_utils.launcher.diagnostics")
+    S = importlib.import_module("lab_utils.launcher.events")
     digest = D.crash_digest(dump)
     assert digest["op"] == "recv" and digest["fatal"] == "Aborted"
     assert digest["stack"].startswith("  Cell In[12], line 14, in ring_all_reduce")
@@ -287,7 +287,7 @@ def test_crash_digest_names_notebook_cells_not_temp_files(monkeypatch):
     ],
 )
 def test_debug_mismatch_messages_read_cleanly(torch_message, words):
-    D = importlib.import_module("lab_utils.diagnostics")
+    D = importlib.import_module("lab_utils.launcher.diagnostics")
     text = D.clean_message(torch_message)
     for w in words:
         assert w in text, text
@@ -335,7 +335,7 @@ def test_a_segfault_is_summarised_with_the_line_not_dumped(capsys):
 
 def test_fork_zygote_refuses_a_threaded_process():
     """A fork copies one thread and every lock: only a single-threaded process (the subject at start-up) may."""
-    from lab_utils.launch import fork_zygote
+    from lab_utils.launcher.zygote import fork_zygote
 
     release = threading.Event()
     worker = threading.Thread(target=release.wait)

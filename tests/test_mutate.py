@@ -1,4 +1,4 @@
-"""``dtlabs mutate`` (lab_utils.mutate): mutant generation (fast, no grading) and one real run on the synthetic lab."""
+"""``dtlabs mutate`` (lab_utils.grading.quality.mutate): mutant generation (fast, no grading) and one real run on the synthetic lab."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,8 @@ import nbformat
 import pytest
 from conftest import SYNTHETIC_LAB
 
-from lab_utils import cli, grading, mutate
+from lab_utils import cli, grading
+from lab_utils.grading.quality import mutate
 
 CELL = '''def f(x, y, t, model, loss, group=None):
     """A docstring is never mutated."""

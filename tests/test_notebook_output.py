@@ -5,8 +5,8 @@ from __future__ import annotations
 import nbformat
 from nbclient import NotebookClient
 
-from lab_utils.env import choose_backend
-from lab_utils.kernels import PrivateSocketKernelManager
+from lab_utils.launcher.backend import choose_backend
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 
 CELLS = [
     "from lab_utils import launch",

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from lab_utils import stress
+from lab_utils.grading.quality import stress
 
 STRESS_LABS = ["05_multi_node"]
 K = int(os.environ.get("DTLABS_STRESS_K", "0"))
@@ -51,7 +51,7 @@ def test_busy_cores_are_started_and_always_stopped():
 
 def test_busy_loops_die_with_their_parent():
     """Killed with SIGKILL (no finally runs), the command still leaves no busy loop behind."""
-    code = ("import sys, time; from lab_utils import stress; b = stress.busy_cores(1).__enter__(); "
+    code = ("import sys, time; from lab_utils.grading.quality import stress; b = stress.busy_cores(1).__enter__(); "
             "print(b.procs[0].pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,4 @@
-"""lab_utils.torchrun: real torchrun agents on loopback run a job, stream it, and never leave a process behind.
+"""lab_utils.labkit.torchrun: real torchrun agents on loopback run a job, stream it, and never leave a process behind.
 
 Each torchrun run costs a few seconds (every agent and worker imports torch), so the tests keep to four runs.
 Processes are counted with psutil: by the pids the workers write, and by the run's DTLABS_RUN_ID marker.
@@ -20,8 +20,8 @@ import pytest
 
 from launch_helpers import wait_gone
 
-from lab_utils import torchrun as tr
-from lab_utils.torchrun import TorchrunTimeout, processes_of, run_nodes
+from lab_utils.labkit import torchrun as tr
+from lab_utils.labkit.torchrun import TorchrunTimeout, processes_of, run_nodes
 
 pytestmark = pytest.mark.slow  # real torchrun agents and workers: seconds per test (make test-fast leaves them out)
 
@@ -127,7 +127,7 @@ KERNEL = textwrap.dedent(
     """
     import signal
     import sys
-    from lab_utils.torchrun import run_nodes
+    from lab_utils.labkit.torchrun import run_nodes
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel does, even if started with SIGINT ignored
     try:
         run_nodes(sys.argv[1], sys.argv[2], nnodes=2, nproc_per_node=1, timeout=600, quiet=True)
@@ -192,7 +192,7 @@ def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
 def test_a_written_script_exits_without_interpreter_teardown(tmp_path):
     """write_script ends main with a flushed hard exit (torch's threads can abort teardown, which torchrun counts as
     a failed worker); output still arrives and an exception in main still fails the script."""
-    from lab_utils.torchrun import write_script
+    from lab_utils.labkit.torchrun import write_script
 
     def greet(name):
         print("hello", name)

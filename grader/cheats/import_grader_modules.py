@@ -1,7 +1,7 @@
 # attack: import the grader's own modules and use them to write grades or read the hidden tests
 # defended-by: sandbox
 import lab_utils.grading as _grading
-import lab_utils.proxy as _proxy
+import lab_utils.grading.split.proxy as _proxy
 
 print("session here:", _proxy._SESSION)
 try:

@@ -1,6 +1,6 @@
 # attack: replace the course's assertion helpers and torch's comparison functions with no-ops
 # defended-by: split
-import lab_utils.checks as _checks
+import lab_utils.labkit.checks as _checks
 import torch.testing
 
 for _name in ("assert_close", "assert_equal", "assert_ranks_agree", "assert_state_close"):

@@ -4,7 +4,7 @@ Per lab: the course's gradebook records the assignment (``generate_assignment`` 
 so ``labs/`` is untouched) and is snapshotted once. Per submission: a private scratch course (mode 0700,
 outside the course) gets a copy of that snapshot and of the submission alone,
 and ``nbgrader autograde --student S`` runs there; its kernel starts the submission's code in the sandbox
-(``lab_utils.sandbox``). When that run is over (sandbox gone), ``gradebook.merge`` copies the result into the
+(``lab_utils.grading.sandbox``). When that run is over (sandbox gone), ``gradebook.merge`` copies the result into the
 course; only this process writes the course's gradebook. Then CSV export and feedback, as nbgrader does them.
 
 A re-run grades only new or changed submissions (``grader/work/graded.json`` keeps a digest of each
@@ -149,8 +149,8 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
     shutil.copy2(template / WORK / "gradebook.db", scratch / WORK / "gradebook.db")
     shutil.copytree(course_root / WORK / "submitted" / student / lab, scratch / WORK / "submitted" / student / lab)
     report = scratch / "sandbox.txt"
-    run = run_nbgrader(["autograde", lab, "--student", student, "--force"], course_root=scratch,
-                       cell_timeout=cell_timeout, timeout=timeout, env_extra={"DTLABS_SANDBOX_REPORT": str(report)})
+    run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
+                       course_root=scratch, cell_timeout=cell_timeout, timeout=timeout)
     res = Result(lab, student, scratch, output=run.output)
     res.scores = gradebook.cell_scores(scratch, lab, student)
     reasons = []
@@ -205,7 +205,7 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     Returns 0 when every submission was graded, 1 when some could not be (listed with the reason; the rest are
     graded and exported regardless), 2 on a setup problem (nothing submitted, a lab with no source).
     """
-    from lab_utils import sandbox
+    from lab_utils.grading import sandbox
 
     course_root = Path(course_root or REPO_ROOT).resolve()
     submitted = course_root / WORK / "submitted"

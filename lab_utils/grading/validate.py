@@ -25,7 +25,7 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
-    from lab_utils.grading.execute import SplitExecute
+    from lab_utils.grading.split.execute import SplitExecute
 
     path = Path(notebook)
     if not path.is_file():

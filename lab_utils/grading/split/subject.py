@@ -1,8 +1,8 @@
-"""The subject: the process where a submission's own cells run while it is graded (``python -m lab_utils.subject``).
+"""The subject: the process where a submission's own cells run while it is graded (``python -m lab_utils.grading.split.subject``).
 
-The grader's kernel (``lab_utils.proxy``) starts it inside the sandbox and talks to it over one socket. The
+The grader's kernel (``lab_utils.grading.split.proxy``) starts it inside the sandbox and talks to it over one socket. The
 grader's requests are trusted (it executes only the course's locked cells and tests); everything this process
-sends back is treated as hostile and crosses only as plain data (``lab_utils.plaindata``). Student code runs in
+sends back is treated as hostile and crosses only as plain data (``lab_utils.launcher.plaindata``). Student code runs in
 an IPython shell, so magics such as ``%matplotlib inline`` or ``%%time`` behave as in JupyterLab; figures and
 other displays travel back as PNG/plain text, and everything printed goes to the grader through a pipe.
 
@@ -21,7 +21,7 @@ import sys
 import threading
 import types
 
-from lab_utils import _wire, plaindata
+from lab_utils.launcher import plaindata, wire
 
 _DISPLAY_TYPES = ("text/plain", "image/png", "image/jpeg")
 _SKIP_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
@@ -44,12 +44,12 @@ class Subject:
             data = plaindata.encode({"op": "reply", "ok": False, "ename": "NotPlainData", "evalue": str(exc),
                                      "traceback": [f"NotPlainData: {exc}"]})
         with self.send_lock:
-            _wire.write_frame(self.sock.fileno(), data)
+            wire.write_frame(self.sock.fileno(), data)
 
     def _reader(self) -> None:
         """Every frame from the grader; an interrupt is acted on at once, the rest wait for the main thread."""
         while True:
-            data = _wire.read_frame(self.sock.fileno())
+            data = wire.read_frame(self.sock.fileno())
             if data is None:
                 os._exit(0)  # the grader is gone: nothing left to do
             req = pickle.loads(data)
@@ -135,7 +135,7 @@ class Subject:
         except Exception:  # noqa: BLE001
             stb = [f"{type(exc).__name__}: {exc}"]
         reply = {"ok": False, "ename": type(exc).__name__, "evalue": str(exc), "traceback": list(stb)}
-        from lab_utils.launch import LaunchError
+        from lab_utils.launcher.diagnostics import LaunchError
 
         if isinstance(exc, LaunchError):
             reply["launch"] = {"rank": getattr(exc, "rank", None),
@@ -161,12 +161,18 @@ class Subject:
             elif op == "launch":
                 import cloudpickle
 
-                from lab_utils.launch import launch
+                from lab_utils.launcher.launch import launch
 
                 fn, args, kwargs = cloudpickle.loads(req["payload"])
-                value = launch(fn, args=args, kwargs=kwargs, **req["options"])
+                options = dict(req["options"])
+                address = options.pop("relay", None)
+                if address:  # the grader counts this launch's messages: its relay is our ranks' process group
+                    from lab_utils.launcher.relay import Endpoint
+
+                    options["traffic"] = Endpoint(address)
+                value = launch(fn, args=args, kwargs=kwargs, **options)
             elif op == "prewarm":
-                from lab_utils.launch import prewarm
+                from lab_utils.launcher.launch import prewarm
 
                 value = prewarm()
             else:
@@ -202,13 +208,14 @@ def resolve(name: str):
 _SUBJECT: Subject | None = None
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    """``python -m lab_utils.grading.split.subject FD [--fork-zygote]``: serve the grader on socket ``FD``."""
     global _SUBJECT
-    fd = int(os.environ.pop("DTLABS_SUBJECT_FD"))
+    fd = int(argv[0])
     sys.stderr = sys.stdout  # one stream back to the grader (a stderr line would fail a graded cell)
     os.dup2(1, 2)
-    if os.environ.pop("DTLABS_FORK_ZYGOTE", "") == "1":
-        from lab_utils.launch import fork_zygote
+    if "--fork-zygote" in argv[1:]:
+        from lab_utils.launcher.zygote import fork_zygote
 
         # Before any thread or cell: a course whose cells import torch has this process import it anyway, so its
         # rank server is a fork of it rather than a second interpreter importing torch again. If that cannot be
@@ -218,11 +225,11 @@ def main() -> None:
         except (ImportError, RuntimeError, OSError) as exc:
             print(f"dtlabs-subject: rank server not forked ({type(exc).__name__}: {exc}); a fresh one starts on "
                   "first use")
-    _SUBJECT = Subject(socket.socket(fileno=fd))  # IPython now owns sys.modules["__main__"]; this module stays "lab_utils.subject"
+    _SUBJECT = Subject(socket.socket(fileno=fd))  # IPython now owns sys.modules["__main__"]
     _SUBJECT.serve()
     # Graded: stop the rank server and leave without the interpreter's teardown (most of a second unloading
     # torch, which the grader would wait for) and without the submission's own atexit handlers.
-    from lab_utils.launch import shutdown
+    from lab_utils.launcher.zygote import shutdown
 
     shutdown()
     sys.stdout.flush()
@@ -230,6 +237,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # run as `python -m lab_utils.subject`: make `lab_utils.subject.resolve` (what proxies unpickle to) this module's
-    sys.modules.setdefault("lab_utils.subject", sys.modules[__name__])
-    main()
+    # run as `python -m lab_utils.grading.split.subject`: make `lab_utils.grading.split.subject.resolve` (what
+    # proxies unpickle to) this module's
+    sys.modules.setdefault("lab_utils.grading.split.subject", sys.modules[__name__])
+    main(sys.argv[1:])

@@ -32,7 +32,7 @@ from nbclient import NotebookClient
 
 from lab_utils.grading.build import solution_cells, without_demos
 from lab_utils.grading.course import REPO_ROOT
-from lab_utils.grading.execute import GRADER, SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
+from lab_utils.grading.split.execute import GRADER, SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
 
 CELL_TIMEOUT_S = 120
 

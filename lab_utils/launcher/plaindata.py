@@ -120,7 +120,7 @@ def decode(data: bytes):
     if kind == b"P":
         return _NoGlobals(io.BytesIO(body)).load()
     if kind != b"T":
-        raise NotPlainData("not an answer made by lab_utils.plaindata.encode")
+        raise NotPlainData("not an answer made by lab_utils.launcher.plaindata.encode")
     import warnings
 
     import torch

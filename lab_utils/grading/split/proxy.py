@@ -1,12 +1,12 @@
 """The grader's side of split execution: student definitions seen across a process boundary.
 
 In a student's own JupyterLab nothing is split and ``run_as_student(fn, *args)`` simply calls ``fn(*args)``.
-Under grading (``dtlabs grade`` and ``dtlabs validate``, see ``lab_utils.grading.execute``) the kernel that runs
-the course's locked cells and tests (the *grader*) starts a *subject* process (``lab_utils.subject``) in the
+Under grading (``dtlabs grade`` and ``dtlabs validate``, see ``lab_utils.grading.split.execute``) the kernel that runs
+the course's locked cells and tests (the *grader*) starts a *subject* process (``lab_utils.grading.split.subject``) in the
 sandbox and sends it every cell a student can write. After each such cell the names it defined appear here
 as ``StudentProxy`` objects (or as their value, when it is plain data):
 
-- calling a proxy runs the student's function in the subject and returns plain data (``lab_utils.plaindata``);
+- calling a proxy runs the student's function in the subject and returns plain data (``lab_utils.launcher.plaindata``);
 - a proxy captured by a harness that goes to ``launch``/``run_as_student`` travels as its *name* and becomes the
   student's live object on the other side, so student code never runs here;
 - ``launch`` here runs the harness on ranks started by the subject's own launcher, inside the sandbox;
@@ -27,9 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from lab_utils import _wire, plaindata
+from lab_utils.launcher import launch as launcher
+from lab_utils.launcher import plaindata, wire
 
-__all__ = ["run_as_student", "StudentProxy", "StudentError", "session_active"]
+__all__ = ["StudentProxy", "StudentError", "start_grading", "stop_grading"]
 
 INTERRUPT_GRACE_S = 3.0
 _SESSION = None  # the active _Session in a grader kernel, else None
@@ -43,17 +44,13 @@ class SubjectGone(RuntimeError):
     """The student's process is no longer there (killed by a limit, crashed, or stopped after a timeout)."""
 
 
-def session_active() -> bool:
-    return _SESSION is not None
-
-
 def _remote_exception(reply: dict) -> BaseException:
     """An exception for the grader to raise: the built-in type the student raised (ValueError stays ValueError,
     so a test can expect it), or StudentError; its cell traceback is the student's own."""
     ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
     launch_info = reply.get("launch")
     if launch_info is not None:
-        from lab_utils.launch import LaunchError, RankFailedError, RankTimeoutError
+        from lab_utils.launcher.diagnostics import LaunchError, RankFailedError, RankTimeoutError
 
         if ename == "RankTimeoutError":
             exc = RankTimeoutError(evalue, launch_info.get("stuck_ranks", []), {})
@@ -83,16 +80,15 @@ class _Session:
     """The subject process, its sandbox, and the request/reply loop that streams its output into the cell."""
 
     def __init__(self, workdir: Path, limits=None, report_path: str | None = None, fork_zygote: bool = False):
-        from lab_utils import sandbox
+        from lab_utils.grading import sandbox
 
         self.report_path = report_path
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
-        env = {"DTLABS_SUBJECT_FD": str(child.fileno()), "DTLABS_SUBJECT": "1"}
-        if fork_zygote:  # see lab_utils.subject.main
-            env["DTLABS_FORK_ZYGOTE"] = "1"
-        argv = [sys.executable, "-m", "lab_utils.subject"]
-        self.box = sandbox.start(argv, workdir, env=env, pass_fds=(child.fileno(),), limits=limits, stdout=out_w)
+        argv = [sys.executable, "-m", "lab_utils.grading.split.subject", str(child.fileno())]
+        if fork_zygote:  # see lab_utils.grading.split.subject.main
+            argv.append("--fork-zygote")
+        self.box = sandbox.start(argv, workdir, pass_fds=(child.fileno(),), limits=limits, stdout=out_w)
         os.close(out_w)
         child.close()
         self.out = os.fdopen(out_r, "rb", buffering=0)
@@ -124,7 +120,7 @@ class _Session:
             self._write_out(data)
 
     def _read_msg(self) -> dict | None:
-        data = _wire.read_frame(self.sock.fileno())
+        data = wire.read_frame(self.sock.fileno())
         if data is None:
             return None
         return plaindata.decode(data)
@@ -196,7 +192,7 @@ class _Session:
         if self.gone_reason:
             raise self._dead()
         try:
-            _wire.write_frame(self.sock.fileno(), pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+            wire.write_frame(self.sock.fileno(), pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             raise self._dead() from None
         try:
@@ -205,7 +201,7 @@ class _Session:
             # the cell was interrupted (the stop button, or nbgrader's per-cell timeout): pass it on, and stop the
             # student's process for good if it does not answer within the grace period
             try:
-                _wire.write_frame(self.sock.fileno(), pickle.dumps({"op": "interrupt"}))
+                wire.write_frame(self.sock.fileno(), pickle.dumps({"op": "interrupt"}))
                 self._wait_reply(INTERRUPT_GRACE_S, on_timeout="it did not stop within "
                                  f"{INTERRUPT_GRACE_S:g} s of an interrupt (a cell ran past its time limit)")
             except (KeyboardInterrupt, SubjectGone, OSError):
@@ -219,7 +215,7 @@ class _Session:
 
     def stop(self) -> None:
         try:
-            _wire.write_frame(self.sock.fileno(), pickle.dumps({"op": "stop"}))
+            wire.write_frame(self.sock.fileno(), pickle.dumps({"op": "stop"}))
         except OSError:
             pass
         try:
@@ -236,22 +232,21 @@ _SHARED_NAMES: set = set()  # names the course's shared cells bound: the subject
 
 
 def dumps(obj) -> bytes:
-    """cloudpickle for the subject. A function or class that a shared course cell defined travels by name and
-    becomes the subject's own copy (same source, defined there too, so ``inspect.getsource`` works on it, as
-    torchrun scripts need); everything else as cloudpickle sends it."""
+    """The launcher's pickler (``launcher.launch.pickler_class``) for the subject. A function or class that a
+    shared course cell defined travels by name and becomes the subject's own copy (same source, defined there too,
+    so ``inspect.getsource`` works on it, as torchrun scripts need); everything else as cloudpickle sends it."""
     import io
     import types
 
-    import cloudpickle
     from IPython import get_ipython
 
-    from lab_utils import subject
+    from lab_utils.grading.split import subject
 
     shell = get_ipython()
     ns = shell.user_ns if shell is not None else {}
     by_id = {id(ns[n]): n for n in _SHARED_NAMES if isinstance(ns.get(n), (types.FunctionType, type))}
 
-    class _Pickler(cloudpickle.CloudPickler):
+    class _Pickler(launcher.pickler_class()):
         def reducer_override(self, o):
             name = by_id.get(id(o))
             if name is not None:
@@ -276,7 +271,7 @@ class StudentProxy:
         return _session().value(_session().request({"op": "call", "name": self.__name__, "payload": payload}))
 
     def __reduce__(self):
-        from lab_utils import subject
+        from lab_utils.grading.split import subject
 
         return subject.resolve, (self.__name__,)
 
@@ -310,32 +305,35 @@ def _session() -> _Session:
     return _SESSION
 
 
-def run_as_student(fn, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)`` where the student's code lives; return its (plain-data) result.
+class GraderRemote:
+    """What ``launch`` and ``run_as_student`` do in the grader kernel while grading (``launcher.launch.set_remote``):
+    the work goes to the student's process, as plain data and names, and only plain data comes back."""
 
-    Use it in test cells for anything stateful with student objects (instantiate a student class, let a
-    student function change a model in place): write a top-level harness that does the work and returns
-    tensors, numbers, strings or lists/tuples/dicts of them, and take the verdict on what comes back.
-    Outside grading it is a plain call.
-    """
-    if _SESSION is None:
-        return fn(*args, **kwargs)
-    payload = dumps((fn, args, kwargs))
-    return _SESSION.value(_SESSION.request({"op": "run", "payload": payload}))
+    def run(self, fn, args, kwargs):
+        payload = dumps((fn, args, kwargs))
+        return _session().value(_session().request({"op": "run", "payload": payload}))
 
+    def launch(self, fn, world_size, backend, timeout, args, kwargs, *, debug=False, quiet=False, traffic=None):
+        """The subject's launcher starts the ranks inside the sandbox. With ``traffic``, the relay that counts
+        their messages runs here, in the grader, listening in the folder the sandbox shares with us."""
+        from lab_utils.launcher.group import validate
 
-def remote_launch(fn, world_size, backend, timeout, args, kwargs, *, debug=False, quiet=False):
-    """``launch`` under grading: the subject's launcher starts the ranks inside the sandbox."""
-    from lab_utils.launch import _validate
-
-    _validate(fn, world_size, timeout)
-    payload = dumps((fn, tuple(args), dict(kwargs or {})))
-    options = {"world_size": world_size, "backend": backend, "timeout": timeout, "debug": debug, "quiet": quiet}
-    reply = _session().request({"op": "launch", "payload": payload, "options": options})
-    if not reply.get("ok"):
-        exc = _remote_exception(reply)
-        raise exc.with_traceback(None) from None
-    return reply.get("value")
+        validate(fn, world_size, timeout)
+        session = _session()
+        payload = dumps((fn, tuple(args), dict(kwargs or {})))
+        options = {"world_size": world_size, "backend": backend, "timeout": timeout, "debug": debug, "quiet": quiet}
+        relay = traffic.start(world_size, directory=str(session.workdir)) if traffic is not None else None
+        if relay is not None:
+            options["relay"] = relay.address
+        try:
+            reply = session.request({"op": "launch", "payload": payload, "options": options})
+        finally:
+            if relay is not None:
+                relay.stop()
+        if not reply.get("ok"):
+            exc = _remote_exception(reply)
+            raise exc.with_traceback(None) from None
+        return reply.get("value")
 
 
 # ------------------------------------------------------------------------------------------ the grader kernel
@@ -407,22 +405,24 @@ def _after_cell(result) -> None:
 
 def _course_uses_torch(shared_sources) -> bool:
     """Whether the course's shared cells (which run on both sides) import torch: then both sides import it at
-    start-up, side by side, and the subject forks its rank server from itself (``lab_utils.subject.main``)."""
+    start-up, side by side, and the subject forks its rank server from itself (``lab_utils.grading.split.subject.main``)."""
     return any("torch" in src for src in shared_sources)
 
 
 def start_grading(shared_sources=(), workdir: str | None = None, report_path: str | None = None,
-                  memory_mb: int | None = None, max_procs: int | None = None, work_root: str | None = None) -> str:
+                  memory_mb: int | None = None, max_procs: int | None = None, work_root: str | None = None,
+                  sandbox: str | None = None) -> str:
     """Called by the grading executor's first (hidden) cell in the grader kernel: start the subject, install
     ``%%student`` and the shared-cell hook. Returns the sandbox mode. The subject's folder is made under
     ``work_root``, which the executor owns and removes once the kernel is gone (a killed kernel runs no cleanup)."""
     global _SESSION
     from IPython import get_ipython
 
-    from lab_utils import sandbox
+    from lab_utils.grading import sandbox as boxes
 
     shell = get_ipython()
-    limits = sandbox.Limits()
+    boxes.require(sandbox)
+    limits = boxes.Limits()
     if memory_mb:
         limits.memory_mb = int(memory_mb)
     if max_procs:
@@ -443,7 +443,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     # course cells here and over there make temp files for each other (a checkpoint the ranks write and a test reads):
     # both sides use the submission's shared temp folder. Tests read such files with restricted loaders only
     # (torch.load's weights_only default, json), as they would read anything else a submission produced.
-    tmp = sandbox.shared_tmp(work)
+    tmp = boxes.shared_tmp(work)
     tmp.mkdir(exist_ok=True)
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = str(tmp)
@@ -464,6 +464,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
             with open(report_path, "a") as fh:
                 fh.write(msg + "\n")
         raise
+    launcher.set_remote(GraderRemote())  # launch / run_as_student in test cells now reach the subject
     shell.register_magic_function(_student_cell, magic_kind="cell", magic_name="student")
     shell.events.register("pre_run_cell", _before_cell)
     shell.events.register("post_run_cell", _after_cell)
@@ -475,6 +476,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
 
 def stop_grading() -> None:
     global _SESSION
+    launcher.set_remote(None)
     if _SESSION is not None:
         s, _SESSION = _SESSION, None
         s.stop()

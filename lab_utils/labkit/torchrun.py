@@ -57,7 +57,6 @@ EXITED_KEY = "dtlabs_agents_exited"
 # then they are stopped (they would wait at torchrun's exit barrier or in a rendezvous for minutes)
 FAILED_GRACE_S = 10.0
 _PORT_IN_USE = ("EADDRINUSE", "address already in use", "Address already in use")
-_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -122,7 +121,7 @@ def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_ra
     return cmd
 
 
-_HARD_EXIT = """import os as _os, sys as _sys  # written by lab_utils.torchrun.write_script: see its docstring
+_HARD_EXIT = """import os as _os, sys as _sys  # written by lab_utils.labkit.torchrun.write_script: see its docstring
 _sys.stdout.flush()
 _sys.stderr.flush()
 _os._exit(0)"""
@@ -151,7 +150,7 @@ def processes_of(run_id: str) -> list:
 
 
 def _agent_env(run_id, nranks, env):
-    from lab_utils.env import loopback_ifname, threads_per_rank
+    from lab_utils.launcher.backend import loopback_ifname, threads_per_rank
 
     out = dict(os.environ)
     out.update({
@@ -159,7 +158,7 @@ def _agent_env(run_id, nranks, env):
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # pytorch#135712: restarts with gloo otherwise hang
         "OMP_NUM_THREADS": str(threads_per_rank(nranks)),
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (_PKG_PARENT, os.environ.get("PYTHONPATH")) if p),
+        "PYTHONPATH": processes.python_path(os.environ.get("PYTHONPATH")),
     })
     ifname = loopback_ifname()
     if ifname:
@@ -237,7 +236,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
             if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
                 node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
             # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
-            shim = [sys.executable, "-m", "lab_utils.torchrun", "--agent", str(os.getpid()), *cmd[3:]]
+            shim = [sys.executable, "-m", "lab_utils.labkit.torchrun", "--agent", str(os.getpid()), *cmd[3:]]
             proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
             procs.append(proc)
@@ -352,7 +351,7 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
 
 
 def _agent_main(argv):
-    """``python -m lab_utils.torchrun --agent PARENT_PID <torchrun args>``: torchrun that dies with its parent."""
+    """``python -m lab_utils.labkit.torchrun --agent PARENT_PID <torchrun args>``: torchrun that dies with its parent."""
     processes.die_with_parent(int(argv[0]), signal.SIGTERM)  # torchrun stops its workers on SIGTERM
     import runpy
 

@@ -10,8 +10,8 @@
     %dist pull t                # [t on rank 0, t on rank 1] (plain data: tensors, numbers, lists, dicts)
     %dist status | %dist restart | %dist stop
 
-The ranks come from the launcher's warm zygote (``lab_utils.launch``), so they are as fork-safe as ``launch``'s;
-each runs ``_worker.serve_cells``: receive a cell, run it in the rank's own namespace, send the result back.
+The ranks are a ``group.RankGroup``, forked from the launcher's warm zygote like ``launch``'s, so they are as
+fork-safe; each runs ``worker.serve_cells``: receive a cell, run it in the rank's own namespace, send the result back.
 Output streams live as ``[rank k] ...``; figures a rank draws come back as PNG. Failures say what happened to
 the group:
 - Interrupt (the kernel's stop button) sends SIGINT to every rank: Python code stops with KeyboardInterrupt
@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import os
-import queue
 import shlex
-import signal
-import sys
 import time
 
-from lab_utils import diagnostics
-from lab_utils.diagnostics import LaunchError, RankFailedError, RankTimeoutError
-from lab_utils.supervise import RankState, handle, supervise, wait_cell_ends
+from lab_utils.launcher import diagnostics
+from lab_utils.launcher.diagnostics import LaunchError, RankFailedError, RankTimeoutError
+from lab_utils.launcher.events import RankState
+from lab_utils.launcher.group import RankGroup
 
 DEFAULT_TIMEOUT = 60.0
 START_TIMEOUT = 120.0
@@ -45,69 +42,49 @@ DEBUG_HINT = "%dist restart --debug reports mismatches at once"
 __all__ = ["DistributedGroup", "load_ipython_extension", "unload_ipython_extension"]
 
 
-def _launcher():
-    """The ``lab_utils.launch`` module (the package exports the function of the same name)."""
-    import importlib
-
-    return importlib.import_module("lab_utils.launch")
-
-
 def _say(text: str) -> None:
     print(f"[dist] {text}", flush=True)
 
 
 class DistributedGroup:
-    """``world_size`` persistent ranks in one process group, each with its own namespace."""
+    """``world_size`` persistent ranks in one process group (a ``RankGroup`` running ``worker.serve_cells``),
+    each with its own namespace; what to do when a cell fails, is interrupted or hangs."""
 
     def __init__(self, world_size: int = 2, backend: str = "auto", timeout: float | None = DEFAULT_TIMEOUT,
                  debug: bool = False):
-        from datetime import timedelta
-
         import cloudpickle
-        import torch.distributed as dist
 
-        from lab_utils import _worker
-        from lab_utils.env import choose_backend
+        from lab_utils.launcher import worker
+        from lab_utils.launcher.group import validate
 
-        L = _launcher()
-
-        L._validate(_worker.serve_cells, world_size, timeout)
+        validate(worker.serve_cells, world_size, timeout)
         self.world_size, self.requested_backend, self.timeout, self.debug = world_size, backend, timeout, debug
-        choice = choose_backend(world_size, backend)
-        self.backend, self.reason = choice.backend, choice.reason
-        self.store = dist.TCPStore(L.MASTER_ADDR, 0, world_size=None, is_master=True,
-                                   timeout=timedelta(seconds=3600), wait_for_workers=False)
-        self.events: queue.Queue = queue.Queue()
-        payload = cloudpickle.dumps((_worker.serve_cells, (), {}))
-
-        def job(r):
-            j = L.make_job(r, world_size, self.backend, self.store.port, timeout, debug, payload, persistent=True)
-            j["store_timeout"] = START_TIMEOUT
-            j["env"]["MPLBACKEND"] = "Agg"  # figures are drawn off-screen and sent back as PNG
-            return j
-
-        self.ranks, self.readers = [], []
-        with L._zygote_lock:
-            zygote = L._get_zygote()
-            zygote.events = self.events
-            try:
-                self.ranks, self.readers = L.start_ranks(zygote, self.events, world_size, job)
-            finally:
-                zygote.events = None
-        self.closed = False
+        payload = cloudpickle.dumps((worker.serve_cells, (), {}))
+        self.group = RankGroup(world_size, backend, timeout, payload=payload, debug=debug, persistent=True,
+                               store_timeout=START_TIMEOUT,
+                               env={"MPLBACKEND": "Agg"})  # figures are drawn off-screen and sent back as PNG
+        self.reason = self.group.reason
         try:
-            supervise(self.ranks, self.events, time.monotonic(), START_TIMEOUT)  # each rank says "ready"
+            self.group.supervise(timeout=START_TIMEOUT)  # each rank says "ready"
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------------------------------------ requests
     @property
+    def ranks(self):
+        return self.group.ranks
+
+    @property
     def pids(self) -> list:
-        return [rk.pid for rk in self.ranks]
+        return self.group.pids
+
+    @property
+    def closed(self) -> bool:
+        return self.group.closed
 
     def alive(self) -> bool:
-        return not self.closed and all(rk.state is not RankState.EXITED for rk in self.ranks)
+        return self.group.alive()
 
     def run_cell(self, source: str, ranks=None, timeout: float | None = None, filename: str | None = None):
         """Run ``source`` on ``ranks`` (default: all); returns each rank's {"repr", "figures"} in rank order."""
@@ -116,39 +93,24 @@ class DistributedGroup:
 
     def pull(self, name: str, ranks=None, timeout: float | None = None) -> list:
         """The value of ``name`` on each rank (plain data only: tensors, numbers, strings, lists/dicts of them)."""
-        from lab_utils import plaindata
+        from lab_utils.launcher import plaindata
 
         return [plaindata.decode(v) for v in self._request(ranks, {"op": "pull", "name": name}, timeout)]
 
     def _targets(self, ranks):
-        if ranks is None:
-            return list(self.ranks)
-        bad = [r for r in ranks if not 0 <= r < self.world_size]
-        if bad:
-            raise ValueError(f"no rank {bad[0]} in a group of {self.world_size} (ranks 0..{self.world_size - 1})")
-        return [self.ranks[r] for r in sorted(set(ranks))]
+        return self.group.targets(ranks)
 
     def _request(self, ranks, req, timeout):
         import cloudpickle
 
-        from lab_utils import _wire
-
         if not self.alive():
             raise LaunchError("the group is stopped: run %dist start (or %dist restart) for a fresh one")
         targets = self._targets(ranks)
-        others = [rk for rk in self.ranks if rk not in targets]
         timeout = self.timeout if timeout is None else timeout
-        data = cloudpickle.dumps(req)
-        for rk in targets:
-            rk.state, rk.value, rk.error = RankState.RUNNING, None, None
-            rk.cell_ends = set()
-            try:
-                _wire.write_frame(rk.job_w, data)
-            except OSError:
-                rk.state = RankState.EXITED  # its exit status (or the crash digest) tells why
+        self.group.send(targets, cloudpickle.dumps(req))
         try:
-            values = supervise(targets, self.events, time.monotonic(), timeout, DEBUG_HINT, bystanders=others)
-            wait_cell_ends(targets, self.events, {rk.rank: rk for rk in self.ranks})
+            values = self.group.supervise(targets, timeout, DEBUG_HINT)
+            self.group.wait_cell_ends(targets)
             return values
         except KeyboardInterrupt:
             self._interrupt(targets, "interrupted")
@@ -167,14 +129,9 @@ class DistributedGroup:
     # ------------------------------------------------------------------------------------------ recovery
     def _interrupt(self, targets, why: str) -> None:
         """SIGINT to every rank still running; restart the group if one does not stop within 2 s."""
-        running = [rk for rk in targets if rk.state is RankState.RUNNING]
-        for rk in running:
-            try:
-                os.kill(rk.pid, signal.SIGINT)
-            except OSError:
-                pass
+        running = self.group.interrupt(targets)
         try:
-            self._settle(targets, INTERRUPT_WAIT_S)
+            self.group.settle(targets, INTERRUPT_WAIT_S)
         except KeyboardInterrupt:  # a second press while we wait: stop waiting
             pass
         stuck = [rk.rank for rk in targets if rk.state is RankState.RUNNING]
@@ -187,24 +144,9 @@ class DistributedGroup:
         elif running:
             _say("every rank stopped; their variables are kept.")
 
-    def _settle(self, targets, wait_s: float) -> None:
-        import cloudpickle
-
-        by_rank = {rk.rank: rk for rk in self.ranks}
-        until = time.monotonic() + wait_s
-        while any(rk.state is RankState.RUNNING for rk in targets) and time.monotonic() < until:
-            try:
-                handle(self.events.get(timeout=0.05), by_rank, cloudpickle)
-            except queue.Empty:
-                pass
-        sys.stdout.flush()
-
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        _launcher().close_ranks(self.ranks, self.events, self.readers, wait_s=1.0)
-        self.store = None
+        if hasattr(self, "group"):
+            self.group.close(wait_s=1.0)
 
     def restart(self, reason: str | None = None) -> None:
         self.close()

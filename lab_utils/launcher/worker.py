@@ -1,162 +1,26 @@
-"""The zygote (a warm fork server) and the rank processes it forks.
+"""What a rank process runs: one launch's job, or (``%%distributed``) cells until it is told to stop.
 
-Why a zygote: a fresh interpreter per rank pays ``import torch`` (2-3 s) on every launch, and forking the
-notebook itself is unsafe once CUDA or threads are live (pytorch#20375, accelerate#940). The zygote is
-started once per notebook with ``python -m lab_utils._worker``: it imports torch (never CUDA), stays
-single-threaded, and forks a clean rank process per rank per launch in about a millisecond. Ranks are
-used once and exit; the zygote is never touched by student code.
-
-Protocol (one Unix socket to the launcher, JSON frames, see ``_wire``):
-  launcher -> zygote  {"op": "fork", "rank": k}  + fds [job_r, out_w, err_w, result_w]
-  zygote -> launcher  {"op": "forked", "rank": k, "pid": p}
-  zygote -> launcher  {"op": "exit", "pid": p, "status": s}   (waitpid status, signal as -signum)
-  zygote -> launcher  {"op": "ready", "modules": [...]}        (torch imported: forks can start)
-  zygote -> launcher  {"op": "warm"}                           (every WARM_IMPORTS module imported)
-The rank reads one cloudpickled job frame on stdin (fd 0) and writes one result frame on fd 3.
+A rank is forked by the zygote (``zygote``) and wired to its launcher through four descriptors: the job frames on
+fd 0 (cloudpickled), stdout and stderr as line-buffered pipes, and one result frame per job on ``RESULT_FD``. It
+joins the process group the launcher's ``TCPStore`` rendezvous names, with torchrun's environment, calls the job's
+function and sends back ``("ok", value)`` or ``("error", description)``.
 """
 from __future__ import annotations
 
 import os
-import select
 import signal
-import socket
 import sys
-import threading
 import time
 
-from lab_utils import _wire, processes
-from lab_utils.supervise import CELL_END
-
+from lab_utils import processes
+from lab_utils.launcher import wire
 RESULT_FD = 3
-RANK_MARK = "DTLABS_RANK_PID"  # in every rank's environment: the programs a rank starts carry its pid
+RANK_MARK = "DTLABS_RANK_PID"  # in every rank's environment: the programs a rank starts carry its pid (``zygote``)
+# A persistent rank ends each cell's output with this on stdout and stderr (``serve_cells``): its result frame
+# travels on another pipe and can arrive before the last lines, which would then print in the next cell.
+CELL_END = "\x1edtlabs-cell-end"
 
-# Imported right away (a cold launch waits for these) ...
-CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
-# ... then one at a time while the zygote is idle, so later launches of DDP/FSDP code start warm
-# (the first DDP() pulls in torch._dynamo, +2 s; FSDP launches took 11-24 s cold, ARCHITECTURE.md section 2).
-WARM_IMPORTS = [
-    "torch.nn.parallel",
-    "torch.distributed.algorithms.ddp_comm_hooks",
-    "torch._dynamo",
-    "torch.distributed.fsdp",
-    "torch.distributed.optim",
-    "torch.distributed.checkpoint",
-    "torch.profiler",
-    "torch.distributed.device_mesh",  # Lab 07's meshes and tensor parallel: the first DTensor launch is 4 s cold
-    "torch.distributed.tensor.parallel",
-    "torch.utils.data",
-    "torch.optim",
-    "numpy",
-]
-
-
-# --------------------------------------------------------------------------------------------- zygote
-def zygote_main(sock_fd: int, launcher_pid: int) -> None:
-    processes.set_name("dtlabs-zygote")
-    # Every process under us stays ours: orphaned rank children (own-session ones included) re-parent to the
-    # zygote, which kills them when their rank is gone and kills everything under it before it exits.
-    processes.become_subreaper()
-    signal.signal(signal.SIGTERM, _exit_with_descendants)
-    processes.die_with_parent(launcher_pid, sig=signal.SIGTERM)  # the launcher died: clean up, then exit
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is the launcher's to handle
-    sock = socket.socket(fileno=sock_fd)
-    for name in CORE_IMPORTS:
-        __import__(name)
-    _wire.send_json(sock, {"op": "ready", "modules": CORE_IMPORTS})
-    pending_imports = list(WARM_IMPORTS) if os.environ.get("DTLABS_WARM_IMPORTS", "1") != "0" else []
-    if not pending_imports:
-        _wire.send_json(sock, {"op": "warm"})
-    children: set[int] = set()
-    try:
-        while True:
-            # Reap exited ranks and report their status (the launcher cannot waitpid on our children).
-            # Adopted orphans are reaped here too, silently.
-            rank_ended = False
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                if pid not in children:
-                    continue
-                children.discard(pid)
-                rank_ended = True
-                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                _wire.send_json(sock, {"op": "exit", "pid": pid, "status": code})
-            if rank_ended:
-                _kill_orphans(children)
-            if os.getppid() != launcher_pid:
-                break
-            timeout = 0.0 if pending_imports else 0.05
-            readable, _, _ = select.select([sock], [], [], timeout)
-            if not readable:
-                if pending_imports:
-                    name = pending_imports.pop(0)
-                    try:
-                        __import__(name)
-                    except Exception:  # optional extras: absence only costs warm-up time
-                        pass
-                    if threading.active_count() > 1:  # pragma: no cover - would make fork unsafe
-                        print(f"dtlabs-zygote: importing {name} started a thread", file=sys.stderr)
-                    if not pending_imports:
-                        _wire.send_json(sock, {"op": "warm"})
-                continue
-            msg, fds = _wire.recv_json(sock, maxfds=4)
-            if msg is None:
-                break
-            if msg.get("op") == "fork":
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    sock.close()
-                    _rank_after_fork(msg["rank"], fds, zygote_pid=os.getppid(), launcher_pid=launcher_pid)
-                    os._exit(0)  # not reached
-                children.add(pid)
-                for fd in fds:
-                    os.close(fd)
-                _wire.send_json(sock, {"op": "forked", "rank": msg["rank"], "pid": pid})
-            elif msg.get("op") == "stop":
-                break
-    finally:
-        for pid in children:
-            processes.killpg_quiet(pid)
-        processes.kill_descendants()
-
-
-def _exit_with_descendants(signum, frame):
-    """SIGTERM (the launcher's death or ``shutdown``): no rank, nor anything a rank started, outlives us."""
-    processes.kill_descendants()
-    os._exit(0)
-
-
-def _kill_orphans(live_ranks: set) -> None:
-    """Kill the adopted orphans (and their trees) whose rank has ended.
-
-    A rank marks its environment with ``DTLABS_RANK_PID``, so the programs it starts carry its pid; an orphan
-    without the mark (a forked-only child that left the rank's session) is killed once no rank is running."""
-    import psutil
-
-    try:
-        orphans = [p for p in psutil.Process().children() if p.pid not in live_ranks]
-    except psutil.Error:
-        return
-    doomed = []
-    for p in orphans:
-        try:
-            owner = p.environ().get(RANK_MARK)
-        except (psutil.Error, OSError):
-            owner = None
-        if (owner is None and not live_ranks) or (owner is not None and int(owner) not in live_ranks):
-            doomed.append(p)
-    if doomed:
-        processes.kill_procs([q for p in doomed for q in processes.tree(p.pid)], wait_s=0)
-
-
-# ----------------------------------------------------------------------------------------------- rank
-def _rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: int) -> None:
+def rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: int) -> None:
     os.setsid()  # own process group: the launcher kills rank + its children with one killpg
     processes.set_name(f"dtlabs-rank{rank}")
     processes.die_with_parent(zygote_pid, watch_s=0.5)
@@ -193,7 +57,7 @@ def run_rank() -> int:
     faulthandler.enable(file=sys.stderr, all_threads=True)  # segfaults show a Python stack
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # launcher asks on timeout
 
-    frame = _wire.read_frame(0)
+    frame = wire.read_frame(0)
     if frame is None:
         return 0  # launcher went away before sending work
     job = cloudpickle.loads(frame)
@@ -220,10 +84,10 @@ def run_rank() -> int:
         data = cloudpickle.dumps(("error", _describe_exception(exc)))
     sys.stdout.flush()
     sys.stderr.flush()
-    _wire.write_frame(RESULT_FD, data)
+    wire.write_frame(RESULT_FD, data)
     # Stay alive (and keep our gloo/NCCL connections open) until the launcher ends the launch, so a rank
     # that returned early cannot turn a peer's missed collective into a misleading "connection closed".
-    _wire.read_frame(0)
+    wire.read_frame(0)
     return 0
 
 
@@ -241,6 +105,10 @@ def _call_in_group(job, fn, args, kwargs):
         local = job["rank"] % torch.cuda.device_count()
         torch.cuda.set_device(local)
         device_id = torch.device("cuda", local)
+    if job.get("relay"):  # launch(..., traffic=...): every message goes through the launcher's relay
+        from lab_utils.launcher import relay
+
+        relay.join(job["relay"])
     store = dist.TCPStore(
         job["master_addr"], job["master_port"], is_master=False, timeout=timedelta(seconds=job["store_timeout"])
     )
@@ -273,9 +141,9 @@ def serve_cells() -> None:
     namespace = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "dist": dist,
                  "rank": dist.get_rank(), "world_size": dist.get_world_size()}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _wire.write_frame(RESULT_FD, cloudpickle.dumps(("ok", {"ready": True, "pid": os.getpid()})))
+    wire.write_frame(RESULT_FD, cloudpickle.dumps(("ok", {"ready": True, "pid": os.getpid()})))
     while True:
-        frame = _wire.read_frame(0)
+        frame = wire.read_frame(0)
         if frame is None:
             return
         req = cloudpickle.loads(frame)
@@ -285,7 +153,7 @@ def serve_cells() -> None:
             if req["op"] == "exec":
                 value = _exec_cell(req["source"], req["filename"], namespace)
             elif req["op"] == "pull":
-                from lab_utils import plaindata
+                from lab_utils.launcher import plaindata
 
                 if req["name"] not in namespace:
                     raise NameError(f"name {req['name']!r} is not defined on rank {dist.get_rank()}")
@@ -298,7 +166,7 @@ def serve_cells() -> None:
         for stream in (sys.stdout, sys.stderr):  # the notebook waits for these before the cell ends
             stream.write(CELL_END + "\n")
             stream.flush()
-        _wire.write_frame(RESULT_FD, data)
+        wire.write_frame(RESULT_FD, data)
 
 
 def _exec_cell(source: str, filename: str, namespace: dict) -> dict:
@@ -362,7 +230,3 @@ def _describe_exception(exc: BaseException) -> dict:
         "time": time.time(),
         "pickled": pickled,
     }
-
-
-if __name__ == "__main__":
-    zygote_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -12,7 +12,7 @@
 Under autograde the routes come from the gradebook (nbgrader's record of the course's source notebook), not from
 the submitted notebook's metadata, so a submission cannot promote its own cell to "locked" or demote a test cell
 to "solution". ``validate`` has no gradebook and trusts the notebook (a student only fools themselves there).
-A first hidden cell starts the subject (``lab_utils.proxy.start_grading``); it is removed afterwards, and every
+A first hidden cell starts the subject (``lab_utils.grading.split.proxy.start_grading``); it is removed afterwards, and every
 answer cell gets its own source back, so the autograded notebook and the feedback show what the student wrote.
 """
 from __future__ import annotations
@@ -24,9 +24,11 @@ import tempfile
 
 from nbformat.v4 import new_code_cell
 from nbgrader.preprocessors import Execute
+from traitlets import Unicode
 
-from lab_utils.kernels import PrivateSocketKernelManager
-from lab_utils.proxy import START_TIMEOUT_S
+from lab_utils import settings
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
+from lab_utils.grading.split.proxy import START_TIMEOUT_S
 
 GRADER, SHARED, STUDENT = "grader", "shared", "student"
 STUDENT_MAGIC = "%%student\n"
@@ -87,8 +89,13 @@ def routes(nb, resources=None) -> list[str | None]:
 class SplitExecute(Execute):
     """nbgrader's Execute, with the cells routed as the module docstring says."""
 
+    report_path = Unicode(
+        "", help="A file to which the grader appends why a submission's sandbox stopped (a limit, a crash), one "
+                 "line each, for the grade line (``dtlabs grade`` sets it per submission)."
+    ).tag(config=True)
+
     def __init__(self, *args, **kwargs):
-        # nbgrader's Execute sets AsyncKernelManager the same way; ours has no port race (lab_utils.kernels)
+        # nbgrader's Execute sets AsyncKernelManager the same way; ours has no port race (lab_utils.grading.split.kernels)
         kwargs.setdefault("kernel_manager_class", PrivateSocketKernelManager)
         super().__init__(*args, **kwargs)
 
@@ -112,12 +119,14 @@ class SplitExecute(Execute):
             elif r == SHARED:
                 shared.append(cell.source)
         workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
-        report = os.environ.get("DTLABS_SANDBOX_REPORT")
+        report = self.report_path or None
+        limits = settings.load(self.config)  # c.DTLabs.* from the course's nbgrader config, then the environment
         work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-")  # removed here: the kernel may die uncleaned
         preamble = new_code_cell(
-            "import lab_utils.proxy as _dtlabs_proxy\n"
+            "import lab_utils.grading.split.proxy as _dtlabs_proxy\n"
             f"_dtlabs_proxy.start_grading(shared_sources={shared!r}, workdir={str(workdir)!r}, report_path={report!r}, "
-            f"work_root={work_root!r})"
+            f"work_root={work_root!r}, memory_mb={limits.memory_mb!r}, max_procs={limits.max_procs!r}, "
+            f"sandbox={limits.sandbox!r})"
         )
         nb.cells.insert(0, preamble)
         cell_timeout = self.timeout_func

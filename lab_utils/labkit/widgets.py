@@ -1,9 +1,9 @@
 """Interactive explorers for the notebooks (ipywidgets); they also build headlessly, for tests and papermill.
 
-    from lab_utils.widgets import allreduce_explorer
+    from lab_utils.labkit.widgets import allreduce_explorer
     allreduce_explorer()          # the last expression of a cell shows it
 
-Move a slider and the figure is redrawn: ring vs tree all-reduce time (``lab_utils.costmodel``) against the
+Move a slider and the figure is redrawn: ring vs tree all-reduce time (``lab_utils.labkit.costmodel``) against the
 world size and the message size, and what the winner does to a DDP step's communication share.
 The figure is drawn off-screen (Agg, no pyplot state) into an ``ipywidgets.Image``: a slider change only sets
 the image's bytes, with no ``display()`` into an ``Output`` widget, so nothing depends on the matplotlib backend
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 
-from lab_utils import costmodel
+from lab_utils.labkit import costmodel
 
 __all__ = ["allreduce_explorer", "render_allreduce"]
 

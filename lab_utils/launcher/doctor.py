@@ -1,13 +1,16 @@
 """`dtlabs doctor`: is this machine ready? torch, backends, GPUs, and a real 2-rank all-reduce.
 
-Its own module because it needs both ``env`` (what a launch would choose) and ``launch`` (to try one), and
-``launch`` imports ``env``: kept apart, neither imports the other's importer.
+Its own module because it needs both ``backend`` (what a launch would choose) and ``launch`` (to try one), and
+``launch`` imports ``backend``: kept apart, neither imports the other's importer.
 """
 from __future__ import annotations
 
 import os
 
-from lab_utils.env import choose_backend, dist_module, gpu_count, loopback_ifname, nccl_available, threads_per_rank
+from lab_utils.launcher.backend import (
+    choose_backend, dist_module, gpu_count, loopback_ifname, nccl_available, threads_per_rank,
+)
+from lab_utils.launcher.launch import LaunchError, launch
 
 
 def _smoke():
@@ -52,8 +55,6 @@ def doctor(out=print) -> int:
         problems.append(str(exc))
         choice = None
     if choice is not None and not problems:
-        from lab_utils.launch import LaunchError, launch
-
         try:
             t0 = time.perf_counter()
             cold = launch(_smoke, world_size=2, timeout=60, quiet=True)

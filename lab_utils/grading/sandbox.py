@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from lab_utils import processes
+from lab_utils import processes, settings
 
-PKG_DIR = Path(__file__).resolve().parent
+PKG_DIR = processes.PACKAGE_DIR
 # the variables a subject keeps; everything else (DTLABS_COURSE_ROOT, JUPYTER_*, tokens...) is dropped
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
@@ -43,28 +43,66 @@ FALLBACK_WARNING = (
 
 @dataclass
 class Limits:
-    """What one submission may use. ``memory_mb`` is the total RSS of all its processes."""
+    """What one submission may use (``c.DTLabs.memory_mb`` / ``max_procs``). ``memory_mb`` is the total RSS of all
+    its processes."""
 
-    memory_mb: int = int(os.environ.get("DTLABS_MEMORY_MB", "8192"))
-    max_procs: int = int(os.environ.get("DTLABS_MAX_PROCS", "96"))
+    memory_mb: int = field(default_factory=lambda: settings.load().memory_mb)
+    max_procs: int = field(default_factory=lambda: settings.load().max_procs)
     poll_s: float = 0.1
 
 
+class SandboxUnavailable(RuntimeError):
+    """The course asks for bubblewrap (``c.DTLabs.sandbox = "bwrap"``) and it cannot build a sandbox here."""
+
+
+_chosen: str | None = None  # the course's c.DTLabs.sandbox, when the grader was told it (``require``)
+
+
+def require(choice: str | None) -> None:
+    """Grade with ``choice`` ("auto", "bwrap", "off"; None: the environment's setting) in this process; "bwrap"
+    raises ``SandboxUnavailable`` with the reason when bubblewrap cannot run here."""
+    global _chosen
+    _chosen = choice
+    if choice == "bwrap" and not bwrap_path():
+        raise SandboxUnavailable(
+            "the course requires bubblewrap (c.DTLabs.sandbox = 'bwrap') and it cannot build a sandbox here: "
+            + (probe_failure() or "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"))
+
+
+def _choice() -> str:
+    return _chosen or settings.load().sandbox
+
+
 @lru_cache(maxsize=1)
-def bwrap_path() -> str | None:
-    """The bwrap binary if it can actually build a sandbox here (it cannot in some containers)."""
-    if os.environ.get("DTLABS_SANDBOX", "auto") == "off":
-        return None
+def _probe() -> tuple[str | None, str | None]:
+    """(bwrap's path, None) if bwrap can build a sandbox here, else (None, why not)."""
     path = shutil.which("bwrap")
     if not path:
-        return None
+        return None, "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     probe = [path, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--die-with-parent", "--proc", "/proc",
              "--dev", "/dev", "true"]
     try:
-        ok = subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return path if ok else None
+        run = subprocess.run(probe, capture_output=True, text=True, errors="replace", timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{path} could not run: {exc}"
+    if run.returncode != 0:
+        return None, (f"{path} cannot build a sandbox here ({run.stderr.strip()[:300] or f'exit {run.returncode}'}); "
+                      "unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone, "
+                      "user.max_user_namespaces) or a container forbids them")
+    return path, None
+
+
+def bwrap_path() -> str | None:
+    """The bwrap binary if it can actually build a sandbox here (it cannot in some containers), unless
+    ``c.DTLabs.sandbox`` is "off"."""
+    if _choice() == "off":
+        return None
+    return _probe()[0]
+
+
+def probe_failure() -> str | None:
+    """Why bubblewrap cannot be used here, or None when it can."""
+    return _probe()[1]
 
 
 def mode() -> str:
@@ -99,24 +137,79 @@ def _env(home: str, extra: dict) -> dict:
     return env
 
 
-def _system_binds() -> list[str]:
-    """bwrap arguments for what a Python program with the course venv needs to see, read-only.
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
 
-    Merged-/usr systems have /bin, /lib... as symlinks into /usr: those become the same symlinks inside."""
-    args, seen = [], set()
-    for path in ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", sys.base_prefix, sys.prefix,
-                 str(PKG_DIR)):
-        if not os.path.lexists(path) or path in seen:
+
+@dataclass(frozen=True)
+class Mount:
+    """One step of building the subject's file system: ``kind`` is "tmpfs", "proc", "dev", "ro" (a read-only bind
+    of ``src`` at ``dest``), "symlink" (a link at ``dest`` to ``src``) or "rw" (the submission's own folder)."""
+
+    kind: str
+    src: str
+    dest: str
+
+    def args(self) -> list[str]:
+        if self.kind in ("tmpfs", "proc", "dev"):
+            return [f"--{self.kind}", self.dest]
+        flag = {"ro": "--ro-bind", "rw": "--bind", "symlink": "--symlink"}[self.kind]
+        return [flag, self.src, self.dest]
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _python_paths() -> list[str]:
+    """What the subject's Python needs to start and to import what the grader's imports: the interpreter's
+    prefixes, every ``sys.path`` entry that is an installation folder (inside a prefix, or a site-packages), and
+    this package. Other ``sys.path`` entries (a working directory, a course folder on PYTHONPATH) are left out:
+    binding one could show the subject the course."""
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix)}
+    paths = [sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable))]
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
             continue
-        seen.add(path)
-        if os.path.islink(path) and path.count("/") == 1:
-            args += ["--symlink", os.readlink(path), path]
-        else:
-            real = os.path.realpath(path)
-            args += ["--ro-bind", real, real]
-            if real != path:
-                args += ["--symlink", real, path]
-    return args
+        real = os.path.realpath(entry)
+        if any(_within(real, p) for p in prefixes) or os.path.basename(real) in ("site-packages", "dist-packages"):
+            paths.append(entry)
+    paths.append(str(PKG_DIR))
+    return paths
+
+
+def mounts(workdir) -> list[Mount]:
+    """The subject's file system, in the order bwrap builds it: a private /tmp, /proc and /dev first, then the
+    read-only binds from the shortest path to the longest (a bind under /tmp or inside another bind stays visible),
+    the links that make the original paths of symlinked ones work, and last the submission's folder, writable, at
+    its own path (so paths in the shared temp folder mean the same file on both sides)."""
+    workdir = os.path.realpath(workdir)
+    ro: dict[str, None] = {}
+    links: dict[str, str] = {}
+    for path in (*SYSTEM_DIRS, *_python_paths()):
+        if not os.path.lexists(path):
+            continue
+        if os.path.islink(path) and path.count("/") == 1:  # merged /usr: /bin -> usr/bin stays a link
+            links[path] = os.readlink(path)
+            continue
+        real = os.path.realpath(path)
+        ro[real] = None
+        if real != os.path.abspath(path):
+            links[os.path.abspath(path)] = real
+    binds = sorted(ro, key=lambda p: (p.count("/"), p))
+    binds = [p for i, p in enumerate(binds) if not any(_within(p, q) for q in binds[:i])]  # a parent already shows it
+    steps = [Mount("tmpfs", "", "/tmp"), Mount("proc", "", "/proc"), Mount("dev", "", "/dev")]
+    steps += [Mount("ro", p, p) for p in binds]
+    for link, target in sorted(links.items(), key=lambda kv: (kv[0].count("/"), kv[0])):
+        if not any(_within(link, q) for q in binds):  # inside a bind, the host's own link is already there
+            steps.append(Mount("symlink", target, link))
+    steps.append(Mount("rw", workdir, workdir))
+    return steps
+
+
+def describe_mounts(workdir) -> str:
+    """The subject's file system in words (``dtlabs doctor --grading``)."""
+    return "\n".join(f"  {m.kind:8s} {m.dest}" + (f" -> {m.src}" if m.kind == "symlink" else "") for m in mounts(workdir))
 
 
 def _prepare_home(home: Path) -> None:
@@ -144,9 +237,9 @@ def command(argv: list[str], workdir: Path, env: dict) -> tuple[list[str], dict,
         cmd = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
                "--clearenv"]
-        cmd += _system_binds()
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), inside,
-                "--chdir", inside]
+        for step in mounts(workdir):
+            cmd += step.args()
+        cmd += ["--chdir", inside]
         for k, v in _env(inside, env).items():
             cmd += ["--setenv", k, v]
         return cmd + ["--"] + argv, {}, None

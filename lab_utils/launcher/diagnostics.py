@@ -2,7 +2,7 @@
 
 Turns what the ranks left behind (a remote exception, a C++ abort or faulthandler dump on stderr, a stack dump
 taken at the timeout) into short messages: which rank is the root cause, which ``torch.distributed`` call it was
-in, and which line of the student's cell. Shared by ``launch`` and the ``%%distributed`` magic.
+in, and which line of the student's cell. Shared by ``launch`` and the ``%%distributed`` magic (both through ``group.RankGroup``).
 """
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import linecache
 import os
 import re
 import signal
+
+from lab_utils.launcher.events import RankState
 
 
 class LaunchError(RuntimeError):
@@ -48,8 +50,6 @@ def signal_name(code):
 
 def failure_error(ranks):
     """The error for a launch in which a rank raised, crashed or exited early: the root cause named first."""
-    from lab_utils.supervise import RankState
-
     crashed = [rk for rk in ranks if rk.state is RankState.EXITED]
     crashed.sort(key=lambda rk: not crash_digest(rk.stderr_tail))  # a rank whose dump we can read first
     by_signal = [rk for rk in crashed if rk.exit_code is not None and rk.exit_code < 0]
@@ -92,7 +92,6 @@ def failure_error(ranks):
     return RankFailedError(msg, rank=root.rank, exc_type=err["type"], remote_traceback=tb, exception=exc)
 
 
-STDERR_TAIL_LINES = 300
 # How a rank's stderr turns into a crash dump: an uncaught C++ exception (gloo's size checks) or a fatal signal.
 CRASH_START = re.compile(r"terminate called after throwing|Fatal Python error: ")
 _ENFORCE_PREFIX = re.compile(r"\[enforce fail at [^\]]*\]\s*")
@@ -304,8 +303,6 @@ def main_thread_stack(lines):
 
 def timeout_error(ranks, stuck, dumps, timeout, debug_hint=DEBUG_HINT):
     """The error for ranks still running at the timeout; ``dumps`` holds each stuck rank's faulthandler lines."""
-    from lab_utils.supervise import RankState
-
     finished = [rk.rank for rk in ranks if rk.state is RankState.OK]
     parts = []
     for rk in stuck:

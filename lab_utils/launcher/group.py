@@ -1,0 +1,328 @@
+"""A running group of ranks: forked from the zygote, joined in one process group, watched from the calling thread.
+
+``RankGroup`` is the one object behind every way the launcher runs ranks: ``launch`` starts a group for one job and
+closes it; ``%%distributed`` (``magic``) keeps a group of persistent ranks open and sends it one cell at a time.
+It owns the rendezvous (a ``TCPStore`` this process hosts on port 0, so notebooks on one machine never race for a
+port), the ranks' pipes and their reader threads, and the supervision loop: output is printed as it arrives, on
+the calling thread (ipykernel routes output from background threads unreliably), results are collected in rank
+order, and a failure or a timeout becomes the error ``diagnostics`` words.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+from lab_utils import processes
+from lab_utils.launcher import diagnostics, wire
+from lab_utils.launcher.backend import MAX_LOCAL_WORLD_SIZE, choose_backend, loopback_ifname, threads_per_rank
+from lab_utils.launcher.events import STDERR_TAIL_LINES, Exit, Line, Rank, RankState, Result, start_readers
+from lab_utils.launcher.worker import CELL_END
+
+MASTER_ADDR = "127.0.0.1"
+FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the root cause (a signal death) to surface
+EXIT_STATUS_WAIT_S = 3.0  # ... and at most this long for a dead rank's exit status from the zygote
+STACK_DUMP_WAIT_S = 1.5
+FORK_WAIT_S = 120.0
+
+__all__ = ["RankGroup", "validate", "rank_env", "MASTER_ADDR"]
+
+
+def validate(fn, world_size, timeout) -> None:
+    """Bad arguments raise here, before anything starts."""
+    if not callable(fn):
+        raise TypeError(f"launch() needs a function to run on every rank, got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {world_size!r}")
+    if not 1 <= world_size <= MAX_LOCAL_WORLD_SIZE:
+        raise ValueError(
+            f"world_size={world_size} is out of range: use 1..{MAX_LOCAL_WORLD_SIZE} local ranks "
+            "(2-4 is plenty to learn with on a laptop)"
+        )
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+
+
+def rank_env(rank, world_size, port, threads) -> dict:
+    """torchrun's variables, so code written for torchrun runs unchanged on our ranks."""
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR=MASTER_ADDR,
+        MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
+    ifname = loopback_ifname()
+    if ifname and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+    return env
+
+
+class RankGroup:
+    """``world_size`` ranks running ``payload`` (a cloudpickled ``(fn, args, kwargs)``) in one process group.
+
+    ``persistent``: the ranks run ``worker.serve_cells`` and wait for requests (``send``) instead of returning
+    after one job. ``relay``: a ``relay.Relay`` whose process group the ranks join instead of ``backend`` (every
+    message then passes through this process and is counted there). ``env``: extra variables for every rank.
+    """
+
+    def __init__(self, world_size: int, backend: str = "auto", timeout: float | None = 120, *, payload: bytes,
+                 debug: bool = False, persistent: bool = False, store_timeout: float | None = None,
+                 env: dict | None = None, relay=None):
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.world_size, self.timeout, self.debug = world_size, timeout, debug
+        choice = choose_backend(world_size, backend)
+        self.backend, self.reason = choice.backend, choice.reason
+        if relay is not None:
+            self.backend, self.reason = relay.BACKEND, f"{relay.BACKEND}: every message counted by the launcher"
+        store_timeout = store_timeout or (timeout if timeout is not None else 3600)
+        self.store = dist.TCPStore(MASTER_ADDR, 0, world_size=None, is_master=True,
+                                   timeout=timedelta(seconds=3600), wait_for_workers=False)
+        threads = threads_per_rank(world_size)
+        job = dict(
+            payload=payload, world_size=world_size, backend=self.backend, master_addr=MASTER_ADDR,
+            master_port=self.store.port, cwd=os.getcwd(), sys_path=list(sys.path), threads=threads, debug=debug,
+            persistent=persistent, store_timeout=store_timeout,
+            # the process group's own timeout fires after ours, so the student sees our stack dump
+            pg_timeout=(timeout + 60) if timeout is not None else 1800,
+            relay=relay.address if relay is not None else None,
+        )
+        self.events: queue.Queue = queue.Queue()
+        self.ranks: list[Rank] = []
+        self.readers: list[threading.Thread] = []
+        self.closed = False
+        from lab_utils.launcher import zygote  # not at import: `python -m lab_utils.launcher.zygote` must be its only copy
+
+        with zygote.lock:
+            z = zygote.get_zygote()
+            z.events = self.events
+            try:
+                self._start(z, lambda r: {**job, "rank": r, "env": {**rank_env(r, world_size, self.store.port, threads),
+                                                                  **(env or {})}})
+            finally:
+                z.events = None
+
+    # ---------------------------------------------------------------------------------------------- start/stop
+    def _start(self, z, make_job) -> None:
+        """Fork the ranks, send each its job, start its readers; on any error kill the ranks already forked."""
+        import cloudpickle
+
+        try:
+            for r in range(self.world_size):
+                job_r, job_w = os.pipe()
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                res_r, res_w = os.pipe()
+                self.ranks.append(Rank(r, job_w, out_r, err_r, res_r))
+                try:
+                    z.fork(r, [job_r, out_w, err_w, res_w])
+                finally:
+                    for fd in (job_r, out_w, err_w, res_w):
+                        os.close(fd)
+            for _ in range(self.world_size):
+                msg = z.forked.get(timeout=FORK_WAIT_S)
+                if msg is None:
+                    raise diagnostics.LaunchError("the launcher's fork server died while starting ranks; run it again")
+                self.ranks[msg["rank"]].pid = msg["pid"]
+            for rk in self.ranks:
+                data = cloudpickle.dumps(make_job(rk.rank))
+                threading.Thread(target=_write_quietly, args=(rk.job_w, data), daemon=True).start()
+                self.readers.extend(start_readers(rk, self.events))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list:
+        return [rk.pid for rk in self.ranks]
+
+    def alive(self) -> bool:
+        return not self.closed and all(rk.state is not RankState.EXITED for rk in self.ranks)
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """Kill the ranks (and their process groups), print what they still wrote, close their pipes."""
+        if self.closed:
+            return
+        self.closed = True
+        for rk in self.ranks:
+            processes.kill_group_and_pid(rk.pid)
+        self._drain(wait_s)
+        for rk in self.ranks:
+            for fd in (rk.job_w, rk.out_r, rk.err_r, rk.result_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.store = None
+
+    # ---------------------------------------------------------------------------------------------- requests
+    def targets(self, ranks=None) -> list[Rank]:
+        if ranks is None:
+            return list(self.ranks)
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(f"no rank {bad[0]} in a group of {self.world_size} (ranks 0..{self.world_size - 1})")
+        return [self.ranks[r] for r in sorted(set(ranks))]
+
+    def send(self, targets, data: bytes) -> None:
+        """One request frame to each of ``targets`` (persistent ranks); their results come back as events."""
+        for rk in targets:
+            rk.state, rk.value, rk.error = RankState.RUNNING, None, None
+            rk.cell_ends = set()
+            try:
+                wire.write_frame(rk.job_w, data)
+            except OSError:
+                rk.state = RankState.EXITED  # its exit status (or the crash digest) tells why
+
+    def interrupt(self, targets) -> list[Rank]:
+        """SIGINT to every target still running (KeyboardInterrupt in its code); returns them."""
+        running = [rk for rk in targets if rk.state is RankState.RUNNING]
+        for rk in running:
+            try:
+                os.kill(rk.pid, signal.SIGINT)
+            except OSError:
+                pass
+        return running
+
+    # ---------------------------------------------------------------------------------------------- supervision
+    def supervise(self, targets=None, timeout: float | None = None, debug_hint: str = diagnostics.DEBUG_HINT) -> list:
+        """Print output as it arrives until every target returned (their values, in order) or one failed
+        (``RankFailedError``) or ``timeout`` passed (``RankTimeoutError``, with where each stuck rank waits).
+        The other ranks of the group are bystanders: their output and exit are still recorded."""
+        targets = self.ranks if targets is None else targets
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        first_failure = None
+        while True:
+            try:
+                ev = self.events.get(timeout=0.05)
+            except queue.Empty:
+                ev = None
+            while ev is not None:
+                self._handle(ev)
+                try:
+                    ev = self.events.get_nowait()
+                except queue.Empty:
+                    ev = None
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if all(rk.state is RankState.OK for rk in targets):
+                return [rk.value for rk in targets]
+            failed = [rk for rk in targets if rk.state in (RankState.ERROR, RankState.EXITED)]
+            now = time.monotonic()
+            if failed:
+                first_failure = first_failure or now
+                # A rank that died without a result is the likeliest root cause: wait for its exit status.
+                codes_known = all(rk.exit_code is not None for rk in targets if rk.state is RankState.EXITED)
+                settled = all(rk.state is not RankState.RUNNING for rk in targets) and codes_known
+                waited = now - first_failure
+                if settled or (waited > FAILURE_GRACE_S and codes_known) or waited > EXIT_STATUS_WAIT_S:
+                    raise diagnostics.failure_error(targets)
+            if deadline is not None and now > deadline:
+                stuck = [rk for rk in targets if rk.state is RankState.RUNNING]
+                raise diagnostics.timeout_error(targets, stuck, self._collect_stacks(stuck), timeout, debug_hint)
+
+    def settle(self, targets, wait_s: float) -> None:
+        """Handle events until no target is running, for at most ``wait_s``."""
+        until = time.monotonic() + wait_s
+        while any(rk.state is RankState.RUNNING for rk in targets) and time.monotonic() < until:
+            try:
+                self._handle(self.events.get(timeout=0.05))
+            except queue.Empty:
+                pass
+        sys.stdout.flush()
+
+    def wait_cell_ends(self, targets, wait_s: float = 5.0) -> None:
+        """After every target returned, print what is still in flight until each says its output ended (bounded)."""
+        deadline = time.monotonic() + wait_s
+        while any(len(rk.cell_ends) < 2 for rk in targets if rk.state is not RankState.EXITED):
+            if time.monotonic() > deadline:
+                return
+            try:
+                self._handle(self.events.get(timeout=0.05))
+            except queue.Empty:
+                continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def _collect_stacks(self, stuck) -> dict:
+        """Ask each stuck rank for a faulthandler dump of its threads (SIGUSR1) and collect it from its stderr."""
+        dumps = {rk.rank: [] for rk in stuck}
+        for rk in stuck:
+            try:
+                os.kill(rk.pid, signal.SIGUSR1)
+            except (ProcessLookupError, TypeError):
+                pass
+        until = time.monotonic() + STACK_DUMP_WAIT_S
+        while time.monotonic() < until:
+            try:
+                ev = self.events.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if isinstance(ev, Line) and ev.stream == "stderr" and ev.rank in dumps:
+                dumps[ev.rank].append(ev.text)  # captured for the error, not streamed twice
+            else:
+                self._handle(ev)
+        return dumps
+
+    def _handle(self, ev) -> None:
+        import cloudpickle
+
+        rk = self.ranks[ev.rank] if 0 <= ev.rank < len(self.ranks) else None
+        if rk is None:
+            return
+        if isinstance(ev, Line):
+            if ev.text.endswith(CELL_END):
+                rk.cell_ends.add(ev.stream)
+                ev = ev._replace(text=ev.text[: -len(CELL_END)])
+                if not ev.text:
+                    return
+            if ev.stream == "stderr":
+                rk.stderr_tail = (rk.stderr_tail + [ev.text])[-STDERR_TAIL_LINES:]
+                if not rk.crashing and diagnostics.CRASH_START.match(ev.text):
+                    rk.crashing = True  # the rest is a C++ message and a thread dump: the error summarises it
+                if rk.crashing:
+                    return
+            print(f"[rank {ev.rank}] {ev.text}", file=sys.stderr if ev.stream == "stderr" else sys.stdout)
+        elif isinstance(ev, Result):
+            if ev.data is None:
+                if rk.state is RankState.RUNNING:
+                    rk.state = RankState.EXITED  # no result: wait for the exit status to say why
+                return
+            status, value = cloudpickle.loads(ev.data)
+            if status == "ok":
+                rk.state, rk.value = RankState.OK, value
+            else:
+                rk.state, rk.error = RankState.ERROR, value
+        elif isinstance(ev, Exit):
+            rk.exit_code = ev.status
+            if rk.state is RankState.RUNNING:
+                rk.state = RankState.EXITED
+
+    def _drain(self, wait_s: float) -> None:
+        """Print what the ranks wrote before they were stopped."""
+        until = time.monotonic() + wait_s
+        for t in self.readers:
+            t.join(timeout=max(0.0, until - time.monotonic()))
+        while True:
+            try:
+                ev = self.events.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(ev, Line):
+                self._handle(ev)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _write_quietly(fd, data) -> None:
+    try:
+        wire.write_frame(fd, data)
+    except OSError:
+        pass  # the rank died before reading its job; its exit status tells the story

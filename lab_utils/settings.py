@@ -1,0 +1,94 @@
+"""Every setting of the course package, with its default and meaning: ``DTLabs``.
+
+Settings are traitlets, so a course sets them where it sets nbgrader's, in ``grader/nbgrader_config.py``::
+
+    c.DTLabs.memory_mb = 4096
+    c.DTLabs.sandbox = "bwrap"       # refuse to grade where bubblewrap cannot run
+
+An environment variable overrides the config for one run (the ``env`` named in each setting's help, e.g.
+``DTLABS_MEMORY_MB=4096 dtlabs grade``); ``dtlabs`` flags such as ``--timeout`` override both. ``dtlabs settings``
+prints them all with their current values. Nothing else in the package reads ``DTLABS_*`` settings from the
+environment. (Variables the package sets for its own processes, such as a rank's ``DTLABS_RANK_PID`` mark or a
+grading run's ``DTLABS_GRADING_TOKEN``, are how processes find each other, not settings.)
+"""
+from __future__ import annotations
+
+import os
+
+from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets.config import Configurable
+
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class DTLabs(Configurable):
+    """The course package's settings (section ``c.DTLabs`` of ``nbgrader_config.py``)."""
+
+    # ---------------------------------------------------------------------------------------------- the course
+    course_root = Unicode(
+        "", help="The course folder (solutions/, labs/, grader/). Empty: `dtlabs --course-root`, else the nearest "
+                 "folder at or above the working directory with grader/nbgrader_config.py and solutions/."
+    ).tag(config=True, env="DTLABS_COURSE_ROOT")
+
+    # ---------------------------------------------------------------------------------------------- grading limits
+    cell_timeout = Int(
+        180, help="Seconds one cell may run under autograde and validate (nbgrader's Execute.timeout). Lab cells "
+                  "call launch(..., timeout<=60), so a hanging rank is reported by the launcher first."
+    ).tag(config=True, env="DTLABS_CELL_TIMEOUT")
+    submission_timeout = Float(
+        1800.0, help="Seconds one submission may take to grade, all its cells together."
+    ).tag(config=True, env="DTLABS_SUBMISSION_TIMEOUT")
+    memory_mb = Int(
+        8192, help="Memory (total RSS in MB) of all the processes of one submission while it is graded."
+    ).tag(config=True, env="DTLABS_MEMORY_MB")
+    max_procs = Int(
+        96, help="Processes one submission may have at once while it is graded."
+    ).tag(config=True, env="DTLABS_MAX_PROCS")
+    sandbox = Enum(
+        ["auto", "bwrap", "off"], "auto",
+        help="auto: grade in bubblewrap where it can build a sandbox here, else in the fallback with a warning; "
+             "bwrap: refuse to grade without bubblewrap; off: always the fallback (tests of the fallback)."
+    ).tag(config=True, env="DTLABS_SANDBOX")
+
+    # ---------------------------------------------------------------------------------------------- the launcher
+    warm_imports = Bool(
+        True, help="Let the launcher's fork server import the distributed stack (DDP, FSDP, DTensor, profiler) while "
+                   "idle, so later launches start warm. Off: less memory, slower first launches of that code."
+    ).tag(config=True, env="DTLABS_WARM_IMPORTS")
+
+
+def _from_env(trait, text: str):
+    if isinstance(trait, Bool):
+        return text.strip().lower() not in _FALSE
+    if isinstance(trait, Int):
+        return int(text)
+    if isinstance(trait, Float):
+        return float(text)
+    return text
+
+
+def load(config=None, **overrides) -> DTLabs:
+    """The settings in force: defaults, then ``config`` (a traitlets Config, e.g. the course's nbgrader config),
+    then the environment's overrides, then ``overrides`` (command-line flags; None means not given)."""
+    settings = DTLabs(config=config) if config is not None else DTLabs()
+    for name, trait in settings.traits(config=True).items():
+        var = trait.metadata.get("env")
+        if var and var in os.environ:
+            try:
+                setattr(settings, name, _from_env(trait, os.environ[var]))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{var}={os.environ[var]!r} is not a valid {name}: {exc}") from None
+    for name, value in overrides.items():
+        if value is not None:
+            setattr(settings, name, value)
+    return settings
+
+
+def describe(settings: DTLabs | None = None) -> str:
+    """Every setting, its value, its environment override and its meaning (``dtlabs settings``)."""
+    settings = settings or load()
+    lines = []
+    for name, trait in sorted(settings.traits(config=True).items()):
+        lines.append(f"c.DTLabs.{name} = {getattr(settings, name)!r}    (env {trait.metadata.get('env')})")
+        lines.append(f"    {trait.help}")
+    return "\n".join(lines)
