@@ -1,6 +1,7 @@
 """``dtlabs``: the course's command line (thin wrappers; nbgrader does the grading).
 
-    dtlabs doctor                     is this machine ready? (torch, backends, GPUs, a 2-rank all-reduce)
+    dtlabs doctor [--grading]         is this machine ready? (torch, backends, GPUs, a 2-rank all-reduce; grading)
+    dtlabs settings                   every setting (c.DTLabs.*), its value and what it means
     dtlabs release [LAB ...]          regenerate labs/ from solutions/ (nbgrader generate_assignment)
     dtlabs validate NOTEBOOK          student's pre-submission check; exit code 0 only if every test passes
     dtlabs grade [--submissions DIR]  instructor batch: sandboxed autograde (--jobs N) -> CSV -> feedback
@@ -16,19 +17,37 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+COURSE_ROOT_HELP = ("the course folder (solutions/, labs/, grader/); default: the nearest one at or above the working "
+                    "directory")
 
 
 def _doctor(args) -> int:
     from lab_utils.launcher.doctor import doctor
 
-    return int(doctor())
+    code = int(doctor())
+    if args.grading is None:
+        return code
+    from lab_utils.grading import canary
+
+    return max(code, canary.doctor(args.grading or None, course_root=args.course_root, cell_timeout=args.timeout))
+
+
+def _settings(args) -> int:
+    from lab_utils import settings
+    from lab_utils.grading import find_course_root, load_config
+
+    course = find_course_root(args.course_root) if args.course_root else None
+    print(settings.describe(settings.load(load_config(course))))
+    return 0
 
 
 def _release(args) -> int:
     from lab_utils import grading
 
     try:
-        written = grading.release(args.labs or None, dest=args.dest)
+        written = grading.release(args.labs or None, dest=args.dest, root=args.course_root)
     except grading.GradingError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -68,7 +87,7 @@ def _grade_one(args) -> int:
 
     from lab_utils import grading
 
-    course = Path(args.course_root or grading.REPO_ROOT).resolve()
+    course = grading.find_course_root(args.course_root)
     out = Path(args.out).resolve() / args.student / args.lab
     out.mkdir(parents=True, exist_ok=True)
     template = grading.prepare_template(course, args.lab, out / "template")
@@ -89,7 +108,7 @@ def _merge(args) -> int:
 
     from lab_utils import grading
 
-    course = Path(args.course_root or grading.REPO_ROOT).resolve()
+    course = grading.find_course_root(args.course_root)
     bad = 0
     for folder in args.results:
         for result in sorted(Path(folder).glob("*/*/result.json")):
@@ -103,7 +122,7 @@ def _merge(args) -> int:
 def _bench(args) -> int:
     from lab_utils.grading import REPO_ROOT
 
-    script = REPO_ROOT / "benchmarks" / "bench_launch.py"
+    script = (REPO_ROOT or Path.cwd()) / "benchmarks" / "bench_launch.py"
     if not script.is_file():
         print(f"no benchmark at {script}", file=sys.stderr)
         return 2
@@ -134,12 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("doctor", help="check torch, backends, GPUs and a 2-rank all-reduce")
+    s = sub.add_parser("doctor", help="check torch, backends, GPUs and a 2-rank all-reduce (--grading: and grading)")
+    s.add_argument("--grading", nargs="*", metavar="LAB", default=None,
+                   help="also show the sandbox (mode, folders) and grade each LAB's solution and empty release here, "
+                        "as a class would be graded (default: every lab of the course)")
+    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds for --grading (default 180)")
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_doctor)
+
+    s = sub.add_parser("settings", help="every setting (c.DTLabs.* in grader/nbgrader_config.py), its value and meaning")
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
+    s.set_defaults(func=_settings)
 
     s = sub.add_parser("release", help="regenerate labs/ from solutions/ with nbgrader (commit the result)")
     s.add_argument("labs", nargs="*", metavar="LAB", help="assignment ids such as 01_ddp_setup (default: all)")
     s.add_argument("--dest", help="write the release here instead of labs/ (no gradebook is touched)")
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_release)
 
     s = sub.add_parser("validate", help="run a notebook's tests before submitting; non-zero exit if any fails")
@@ -159,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="regrade every submission, changed or not")
     s.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     s.add_argument("--csv", metavar="PATH", help="grades CSV (default grader/work/grades.csv)")
-    s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)  # tests grade a scratch course
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_grade)
 
     s = sub.add_parser("grade-one", help="grade one submission into a results folder (for Slurm job arrays)")
@@ -167,12 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("student", metavar="STUDENT")
     s.add_argument("--out", required=True, metavar="DIR", help="results folder (then: dtlabs merge DIR)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
-    s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_grade_one)
 
     s = sub.add_parser("merge", help="merge grade-one results into the course gradebook")
     s.add_argument("results", nargs="+", metavar="DIR")
-    s.add_argument("--course-root", metavar="DIR", help=argparse.SUPPRESS)
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_merge)
 
     s = sub.add_parser("bench", help="launcher benchmark: ratios against mp.spawn and notebook_launcher")
@@ -202,8 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from lab_utils.grading.course import GradingError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except GradingError as exc:  # a course that cannot be found or read: say so, no traceback
+        print(f"dtlabs {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

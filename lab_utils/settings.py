@@ -30,6 +30,11 @@ class DTLabs(Configurable):
                  "folder at or above the working directory with grader/nbgrader_config.py and solutions/."
     ).tag(config=True, env="DTLABS_COURSE_ROOT")
 
+    cache_dir = Unicode(
+        "", help="Where grading keeps what it may reuse (the canary's verdicts). Empty: $XDG_CACHE_HOME/dtlabs, "
+                 "else ~/.cache/dtlabs: one per user, so two instructors on one host never share it."
+    ).tag(config=True, env="DTLABS_CACHE_DIR")
+
     # ---------------------------------------------------------------------------------------------- grading limits
     cell_timeout = Int(
         180, help="Seconds one cell may run under autograde and validate (nbgrader's Execute.timeout). Lab cells "
@@ -44,11 +49,19 @@ class DTLabs(Configurable):
     max_procs = Int(
         96, help="Processes one submission may have at once while it is graded."
     ).tag(config=True, env="DTLABS_MAX_PROCS")
+    disk_mb = Int(
+        2048, help="Disk one submission may fill while it is graded: its folder, and its private /tmp (memory-backed)."
+    ).tag(config=True, env="DTLABS_DISK_MB")
     sandbox = Enum(
         ["auto", "bwrap", "off"], "auto",
         help="auto: grade in bubblewrap where it can build a sandbox here, else in the fallback with a warning; "
              "bwrap: refuse to grade without bubblewrap; off: always the fallback (tests of the fallback)."
     ).tag(config=True, env="DTLABS_SANDBOX")
+
+    unsafe_plain_execute = Bool(
+        False, help="Only for benchmarks/bench_grading.py's baseline: grade with nbgrader's own Execute, student code "
+                    "in the grader's kernel, no sandbox. Never for a class."
+    ).tag(config=True, env="DTLABS_BENCH_BASELINE")
 
     # ---------------------------------------------------------------------------------------------- the launcher
     warm_imports = Bool(

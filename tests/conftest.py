@@ -9,6 +9,7 @@ counted and never signalled.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +20,9 @@ import pytest
 from lab_utils import grading
 
 REPO = grading.REPO_ROOT
+# The canary's kept verdicts: one folder per test run (pytest-xdist's workers share it), never the developer's own.
+os.environ.setdefault("DTLABS_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"dtlabs-test-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or uuid.uuid4().hex}"))
 TEST_TOKEN_VAR = "DTLABS_TEST_TOKEN"  # not grading.TOKEN_VAR: grading sets its own token per nbgrader run
 LAB_TIMINGS: dict = {}  # lab -> {"papermill_s": ..., "autograde_s": ...}, printed at the end of the run
 LAB_POINTS: dict = {}  # lab -> {student: "earned/possible"} from autograde, printed at the end of the run

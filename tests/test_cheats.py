@@ -69,6 +69,15 @@ class Target:
         return text
 
 
+def _beside(folder: Path, head: dict, target: Target) -> None:
+    """What a cheat puts beside its notebook: the links its header names, the files it ships."""
+    for spec in filter(None, (x.strip() for x in head.get("links", "").split(";"))):
+        name, target_path = (x.strip() for x in spec.split("->"))
+        (folder / name).symlink_to(target_path.replace(CHEATS_LAB, target.lab))
+    if head.get("ships"):
+        shutil.copytree(REPO / "grader" / "cheats" / head["ships"], folder, dirs_exist_ok=True)
+
+
 SEARCHED = re.compile(r'"/tmp",\s*"/home",\s*"/work",\s*"/srv"')  # the machine-wide folders attacks search
 
 
@@ -80,7 +89,7 @@ SYNTHETIC = Target(SYNTHETIC_LAB, "add", "test_add", "ignores_sign.py", (0.0, 2.
 def _header(path: Path) -> dict:
     head = {}
     for line in path.read_text().splitlines():
-        m = re.match(r"^#\s*(attack|defended-by|tamper)\s*:\s*(.*)$", line)
+        m = re.match(r"^#\s*(attack|defended-by|tamper|links|ships)\s*:\s*(.*)$", line)
         if m:
             head[m.group(1)] = m.group(2).strip()
         elif not line.startswith("#"):
@@ -91,8 +100,8 @@ def _header(path: Path) -> dict:
 def _corpus(mode: str) -> list[Path]:
     """Every cheat with the sandbox. In the fallback, those whose defence depends on the sandbox mode (not `split`
     alone: that is the same code in both)."""
-    def in_fallback(head):
-        return head.get("defended-by", "").replace(" ", "") != "split"
+    def in_fallback(head):  # split and files: the same code with or without bubblewrap
+        return head.get("defended-by", "").replace(" ", "") not in ("split", "files")
 
     return [p for p in CHEATS if mode == "bwrap" or in_fallback(_header(p))]
 
@@ -138,8 +147,16 @@ def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
                 if meta.get("grade_id") == target.test:
                     cell.source = "pass"
                     meta.update(solution=True, locked=False)
-        grading.submit(root, f"cheat_{path.stem}", lab, _cut(nb, target.test))
-    grading.submit(root, "zz_victim", lab, _cut(grading.fill_solutions(rel, src), target.test))  # graded last
+        notebook = grading.submit(root, f"cheat_{path.stem}", lab, _cut(nb, target.test))
+        _beside(notebook.parent, head, target)
+    # the victim, graded last, ships helper modules beside its notebook (one named numpy.py) and uses one
+    victim = grading.fill_solutions(rel, src)
+    for cell in victim.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == target.answer:
+            cell.source += "\n\n\nimport utils\nassert utils.HELPER == 1"
+    folder = grading.submit(root, "zz_victim", lab, _cut(victim, target.test)).parent
+    (folder / "utils.py").write_text("HELPER = 1\n")
+    (folder / "numpy.py").write_text("HELPER = 2  # a student's own module, named like a library\n")
     before = _tree_digest(root)
     repo_before = _tree_digest(REPO)
     PWNED.unlink(missing_ok=True)
@@ -147,6 +164,7 @@ def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
     monkeypatch.setenv(TEST_TOKEN_VAR, token)
     monkeypatch.setenv("DTLABS_MEMORY_MB", "4096")
     monkeypatch.setenv("DTLABS_MAX_PROCS", "64")
+    monkeypatch.setenv("DTLABS_DISK_MB", "256")
     if mode == "fallback":
         monkeypatch.setenv("DTLABS_SANDBOX", "off")
     lines = []
@@ -260,8 +278,25 @@ def test_limits_and_reasons_are_reported(corpus):
     assert re.search(r"cheat_fork_flood/.*process limit", lines), lines
     if "tamper_test_cell" in graded:
         assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['target'].test}", lines), lines
+    if "disk_flood" in graded:
+        assert re.search(r"cheat_disk_flood/.*disk limit", lines), lines
+    if "huge_frame" in graded:  # refused unread, not read and then found too big
+        assert re.search(r"cheat_huge_frame/.*an answer of 1500000000 bytes", lines), lines
+    if "links_to_the_course" in graded:
+        assert re.search(r"cheat_links_to_the_course/.*solution\.ipynb \(a symbolic link\)", lines), lines
     if corpus["mode"] == "fallback":  # the guard, not luck, undid them: each line names what was put back
         assert "graded one at a time" in lines, "--jobs 2 without bubblewrap must say it grades one at a time"
         assert re.search(r"cheat_gradebook_write/.*put back\): .*gradebook\.db", lines), lines
         assert re.search(r"cheat_overwrite_victims/.*put back\): .*submitted/", lines), lines
         assert not re.search(r"(honest|zz_victim)/.*put back", lines), "an honest submission was said to change files"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_only_the_notebook_comes_back_to_the_course(corpus):
+    """What a submission held beside its notebook (links, shipped modules) never reaches autograded/ or feedback."""
+    lab = corpus["target"].lab
+    autograded = corpus["root"] / "grader" / "work" / "autograded"
+    extra = {str(p.relative_to(autograded)) for p in autograded.rglob("*") if p.name != f"{lab}.ipynb" and not p.is_dir()}
+    links = {str(p.relative_to(autograded)) for p in autograded.rglob("*") if p.is_symlink()}
+    assert not extra and not links, f"autograded/ holds more than the notebooks: {sorted(extra | links)}"

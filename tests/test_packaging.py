@@ -60,3 +60,23 @@ def test_dtlabs_console_script_is_installed():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_the_wheel_holds_every_module_and_the_default_nbgrader_config(tmp_path):
+    """`pip install .` must be able to grade: every subpackage of lab_utils and its package data are in the wheel."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
+    shutil.copytree(ROOT / "lab_utils", src / "lab_utils", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                          str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    wheel = next((tmp_path / "dist").glob("*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {str(p.relative_to(ROOT)) for p in (ROOT / "lab_utils").rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(wanted - names)
+    assert not missing, f"the wheel lacks {missing}"
+    assert "lab_utils/grading/default_config/nbgrader_config.py" in names

@@ -1,11 +1,12 @@
-"""``dtlabs grade``: every submission graded in its own sandbox and scratch course, N at a time, then merged.
+"""``dtlabs grade``: a class graded, each submission in its own sandbox and scratch course, N at a time, then merged.
 
-Per lab: the course's gradebook records the assignment (``generate_assignment`` into a scratch release folder,
-so ``labs/`` is untouched) and is snapshotted once. Per submission: a private scratch course (mode 0700,
-outside the course) gets a copy of that snapshot and of the submission alone,
-and ``nbgrader autograde --student S`` runs there; its kernel starts the submission's code in the sandbox
-(``lab_utils.grading.sandbox``). When that run is over (sandbox gone), ``gradebook.merge`` copies the result into the
-course; only this process writes the course's gradebook. Then CSV export and feedback, as nbgrader does them.
+Per lab: first the canary (``canary``: the lab's solution and its empty release, graded here as a submission would
+be) must pass, or nothing is graded and nothing is written to the gradebook. Then the course's gradebook records
+the assignment (``generate_assignment`` into a scratch release folder, so ``labs/`` is untouched), a snapshot of it
+is every submission's template, and ``submission.grade_submission`` grades each one; when its sandbox is gone,
+``gradebook.merge`` copies the result into the course: only this process writes the course's gradebook. A submission
+whose sandbox fails for a reason that is not the student's is not graded, and nobody else is until the canary
+passes again. Then CSV export and feedback, as nbgrader does them.
 
 A re-run grades only new or changed submissions (``grader/work/graded.json`` keeps a digest of each
 submission's files and of the lab's source notebook); ``--force`` regrades all. Every line that is NOT GRADED
@@ -15,172 +16,51 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
+import stat
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_utils.grading import gradebook
-from lab_utils.grading.course import REPO_ROOT, WORK, discover_labs, split_hidden, submissions
+from lab_utils.grading import canary, gradebook, sandbox
+from lab_utils.grading.course import WORK, discover_labs, find_course_root, submissions
 from lab_utils.grading.guard import Guard, GuardError
 from lab_utils.grading.nbgrader_run import run_nbgrader
+from lab_utils.grading.files import copy_submission
+from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, Result, grade_submission
 
-DEFAULT_SUBMISSION_TIMEOUT_S = 1800.0
-
-
-@dataclass
-class Result:
-    """One submission's grading run, before it is merged."""
-
-    lab: str
-    student: str
-    scratch: Path
-    scores: dict = field(default_factory=dict)
-    reasons: list = field(default_factory=list)
-    seconds: float = 0.0
-    output: str = ""
-
-    @property
-    def notebook(self) -> Path:
-        return self.scratch / WORK / "autograded" / self.student / self.lab / f"{self.lab}.ipynb"
-
-    @property
-    def graded(self) -> bool:
-        """nbgrader wrote an autograded notebook (it records empty grades for a notebook it could not read)."""
-        return bool(self.scores) and self.notebook.is_file()
-
-    @property
-    def points(self) -> tuple[float, float]:
-        return sum(s for s, _ in self.scores.values()), sum(m for _, m in self.scores.values())
-
-
-def prepare_template(course_root: Path, lab: str, dest: Path) -> Path:
-    """A scratch course whose gradebook holds ``lab``'s cells (hidden tests included), for ``grade-one``, which must
-    not write the course's gradebook (``grade`` snapshots the course's own instead)."""
-    shutil.copytree(course_root / "solutions" / lab, dest / "solutions" / lab)
-    run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
-                       course_root=dest, timeout=300)
-    if run.returncode != 0:
-        raise RuntimeError(f"could not record {lab} in a gradebook:\n{run.output[-3000:]}")
-    return dest
-
-
-_NBGRADER_REASONS = [
-    (re.compile(r"DeadKernelError|Kernel died"), "dead kernel"),
-    (re.compile(r"CellTimeoutError|Cell execution timed out|timed out"), "a cell ran past its time limit"),
-    (re.compile(r"NotJSONError|does not appear to be JSON|JSONDecodeError"), "invalid notebook (not JSON)"),
-    (re.compile(r"(ValidationError|SchemaError|[Cc]orrupted|Notebook JSON is invalid)"), "invalid notebook metadata"),
-    (re.compile(r"Missing grade cell (\S+) encountered"), "test cell {0} was deleted (restored from the course)"),
-]
-
-
-def _reasons_from_log(text: str) -> list[str]:
-    out = []
-    for pattern, template in _NBGRADER_REASONS:
-        for m in pattern.finditer(text):
-            reason = template.format(*m.groups())
-            if reason not in out:
-                out.append(reason)
-            if "{" not in template:
-                break
-    errors = [line.split("] ", 1)[-1].strip() for line in text.splitlines() if "| ERROR]" in line]
-    if errors and not out:
-        out.append(errors[0][:200])
-    return out
-
-
-def _tampered_cells(submitted_nb: Path, template: Path, lab: str) -> list[str]:
-    """Locked cells (tests, course code) whose source the submission changed; nbgrader restores them."""
-    import nbformat
-    from nbgrader.api import Gradebook, MissingEntry
-
-    try:
-        nb = nbformat.read(str(submitted_nb), as_version=4)
-    except Exception:  # noqa: BLE001 - an unreadable notebook is reported by nbgrader itself
-        return []
-    out = []
-    with Gradebook(gradebook.db_url(template)) as gb:
-        for cell in nb.cells:
-            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-            if not gid:
-                continue
-            try:
-                src = gb.find_source_cell(gid, lab, lab)
-            except MissingEntry:
-                continue
-            release_source = "\n".join(split_hidden(src.source)[0])  # what the release shows of it
-            if src.locked and release_source.strip() != cell.source.strip():
-                out.append(f"tampered test cell {gid} (restored from the course)")
-    return out
-
-
-def _failed_cells(autograded_nb: Path) -> list[str]:
-    """'test_id: Error: message' for each graded cell that failed, for a zero's reason."""
-    import nbformat
-
-    try:
-        nb = nbformat.read(str(autograded_nb), as_version=4)
-    except Exception:  # noqa: BLE001
-        return []
-    out = []
-    for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if not meta.get("grade") or cell.cell_type != "code":
-            continue
-        for o in cell.get("outputs", []):
-            if o.get("output_type") == "error":
-                first = (o.get("evalue") or "").strip().split("\n")[0][:160]
-                out.append(f"{meta.get('grade_id')}: {o.get('ename')}: {first}")
-                break
-    return out
-
-
-def grade_submission(course_root: Path, lab: str, student: str, template: Path, *, cell_timeout=None,
-                     timeout: float | None = DEFAULT_SUBMISSION_TIMEOUT_S, scratch: Path | None = None) -> Result:
-    """Autograde one submission in a private scratch course (its sandbox starts and ends inside this call)."""
-    start = time.monotonic()
-    scratch = Path(scratch or tempfile.mkdtemp(prefix=f"dtlabs-grade-{lab}-"))
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chmod(scratch, 0o700)
-    (scratch / WORK).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(template / WORK / "gradebook.db", scratch / WORK / "gradebook.db")
-    shutil.copytree(course_root / WORK / "submitted" / student / lab, scratch / WORK / "submitted" / student / lab)
-    report = scratch / "sandbox.txt"
-    run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
-                       course_root=scratch, cell_timeout=cell_timeout, timeout=timeout)
-    res = Result(lab, student, scratch, output=run.output)
-    res.scores = gradebook.cell_scores(scratch, lab, student)
-    reasons = []
-    if report.is_file():
-        reasons += [f"sandbox: {line.strip()}" for line in report.read_text().splitlines() if line.strip()]
-    if run.timed_out:
-        reasons.append(f"wall-clock limit: grading took over {timeout:g} s")
-    reasons += _tampered_cells(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb", template, lab)
-    reasons += _reasons_from_log(run.output)
-    if res.graded and res.points[0] == 0:
-        reasons += _failed_cells(res.notebook)[:3]
-    res.reasons = list(dict.fromkeys(reasons))
-    res.seconds = time.monotonic() - start
-    return res
+def _collect(src: Path, submitted: Path) -> list[str]:
+    """Copy a class folder (<student>/<lab>/...) into the course's submitted/ as data: every student's folder with
+    ``files.copy_submission`` (no link followed). Returns a line for each student whose folder lost something."""
+    notes = []
+    for student in sorted(p for p in src.iterdir() if p.is_dir() and not p.is_symlink()):
+        for lab in sorted(p for p in student.iterdir() if p.is_dir() and not p.is_symlink()):
+            dest = submitted / student.name / lab.name
+            if dest.exists():
+                shutil.rmtree(dest)
+            copied = copy_submission(lab, dest)
+            if copied.left_out:
+                notes.append(f"   {student.name}/{lab.name}: {copied.note()}")
+        for link in (p for p in student.iterdir() if p.is_symlink()):
+            notes.append(f"   {student.name}/{link.name}: not copied from the submission: a symbolic link")
+    return notes
 
 
 # ------------------------------------------------------------------------------------------ what changed
-def _digest(paths) -> str:
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        if p.is_file():
-            h.update(str(p.name).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 def submission_digest(course_root: Path, lab: str, student: str) -> str:
+    """A digest of the submission's regular files (links and special files are never opened) and of the lab's
+    source: a re-run regrades a submission when either changed."""
     sub = course_root / WORK / "submitted" / student / lab
-    src = course_root / "solutions" / lab / f"{lab}.ipynb"
-    return _digest([*sub.rglob("*"), src])
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(sub, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            info = os.lstat(path)
+            h.update(str(path.relative_to(sub)).encode() + b"\0")
+            h.update(path.read_bytes() if stat.S_ISREG(info.st_mode) else f"<not a file: {info.st_mode:o}>".encode())
+    h.update((course_root / "solutions" / lab / f"{lab}.ipynb").read_bytes())
+    return h.hexdigest()
 
 
 MANIFEST = "graded.json"  # "lab/student" -> digest of the submission (and source) last graded
@@ -197,17 +77,92 @@ def _put_back_reason(touched: list[str], course_root: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the batch
+class _Batch:
+    """One ``grade`` run's state: the manifest, the guard, the progress bar, and what each result becomes."""
+
+    def __init__(self, course_root: Path, manifest: dict, guard, out, bar):
+        self.course_root, self.manifest, self.guard, self.out, self.bar = course_root, manifest, guard, out, bar
+        self.problems: list = []
+        self.scratch_dirs: list = []
+
+    def _guard(self) -> str:
+        """Put back what the last submission changed in the course (the fallback); the grade line's note."""
+        touched = self.guard.restore() if self.guard is not None else []  # GuardError stops the batch
+        if self.guard is not None:
+            self.guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
+        return _put_back_reason(touched, self.course_root)
+
+    def record(self, lab, student, digest, res: Result | None, failure: str | None) -> None:
+        """Merge a graded result, or say why it was not; put back what it changed (the fallback)."""
+        put_back = self._guard()
+        merged = False
+        if res is None:
+            self.problems.append((lab, student))
+            self.out(f"   NOT GRADED: {student}/{lab} ({'; '.join(filter(None, [failure, put_back]))})")
+        else:
+            self.scratch_dirs.append(res.scratch)
+            if put_back:
+                res.reasons.append(put_back)
+            merged = res.graded and not res.environment and gradebook.merge(self.course_root, res.scratch, lab, student)
+            why = "; ".join(res.reasons)
+            if merged:
+                self.manifest[f"{lab}/{student}"] = digest
+                gradebook.write_record(self.course_root, MANIFEST, self.manifest)
+                got, possible = res.points
+                line = f"   {student}/{lab}: {got:g}/{possible:g} ({res.seconds:.0f} s)"
+                if got == 0 or res.reasons:
+                    line += f" - {why or 'no test passed'}"
+                self.out(line)
+            else:
+                self.problems.append((lab, student))
+                self.manifest.pop(f"{lab}/{student}", None)
+                self.out(f"   NOT GRADED: {student}/{lab} ({why or 'nbgrader produced no grade; see its log'})")
+        if self.guard is not None:
+            self.guard.snapshot()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{student}/{lab} {'ok' if merged else 'NOT GRADED'}")
+            self.bar.update(1)
+
+    def run(self, todo, jobs, **grading) -> list:
+        """Grade ``todo`` ((lab, student, digest, template) each), ``jobs`` at a time. Stops taking new ones at the
+        first environment fault and returns the ones it did not grade (the fault's first), else []."""
+        left: list = []
+        with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+            futures = {pool.submit(grade_submission, self.course_root, lab, student, tdir, **grading): item
+                       for item in todo for lab, student, _digest, tdir in [item]}
+            for fut in as_completed(futures):
+                lab, student, digest, _tdir = item = futures[fut]
+                if fut.cancelled():
+                    continue
+                try:
+                    res, failure = fut.result(), None
+                except Exception as exc:  # noqa: BLE001 - one broken submission never stops the batch
+                    res, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
+                if res is not None and res.environment and not left:
+                    # not the student's fault: nothing more starts until the canary passes again
+                    left.append(item)
+                    self.scratch_dirs.append(res.scratch)
+                    self._guard()
+                    self.out(f"   NOT YET GRADED: {student}/{lab} ({'; '.join(res.environment)})")
+                    for other, pending in futures.items():
+                        if other.cancel():
+                            left.append(pending)
+                    continue
+                self.record(lab, student, digest, res, failure)
+        return left
+
+
 def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=None, lab_timeout=None,
           submission_timeout=None, force=False, feedback=True, csv_path=None, jobs=1, out=print,
           progress=True) -> int:
-    """Instructor batch: autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden tests).
+    """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden
+    tests).
 
     Returns 0 when every submission was graded, 1 when some could not be (listed with the reason; the rest are
-    graded and exported regardless), 2 on a setup problem (nothing submitted, a lab with no source).
+    graded and exported regardless), 2 when the course cannot be graded here (nothing submitted, a lab with no
+    source, a canary that failed: then nothing is graded or written to the gradebook).
     """
-    from lab_utils.grading import sandbox
-
-    course_root = Path(course_root or REPO_ROOT).resolve()
+    course_root = find_course_root(course_root)
     submitted = course_root / WORK / "submitted"
     if submissions_dir:
         src = Path(submissions_dir).resolve()
@@ -215,7 +170,8 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             out(f"no such folder: {src}")
             return 2
         if src != submitted.resolve():
-            shutil.copytree(src, submitted, dirs_exist_ok=True)
+            for note in _collect(src, submitted):
+                out(note)
     found = submissions(course_root)
     labs = list(labs) if labs else sorted(found)
     if not labs:
@@ -228,6 +184,11 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     labs = [lab for lab in labs if lab in known]
     if not labs:
         return 2
+    try:
+        sandbox.require(None)  # the environment's setting; a course config's "bwrap" applies in its grader kernels
+    except sandbox.SandboxUnavailable as exc:
+        out(f"cannot grade: {exc}")
+        return 2
     fallback = sandbox.mode() != "bwrap"
     if fallback:
         out("WARNING: " + sandbox.FALLBACK_WARNING)
@@ -237,10 +198,19 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         jobs = 1
     out(f"sandbox: {sandbox.mode()}, {jobs} at a time")
     manifest = {} if force else gradebook.read_record(course_root, MANIFEST)
-    problems, scratch_dirs = [], []
-    todo = []
+    fresh = {lab: _fresh(course_root, lab, found.get(lab, []), manifest) for lab in labs}
     for lab in labs:
-        students = found.get(lab, [])
+        skipped = len(found.get(lab, [])) - len(fresh[lab])
+        out(f"== {lab}: {len(found.get(lab, []))} submission(s), {len(fresh[lab])} to grade" + (
+            f" ({skipped} unchanged since last graded; --force regrades them)" if skipped else ""))
+    per_submission = submission_timeout or lab_timeout or DEFAULT_SUBMISSION_TIMEOUT_S
+    for lab in (lab for lab in labs if fresh[lab]):  # before anything is written to the gradebook
+        verdict = canary.check(course_root, lab, cell_timeout=cell_timeout, timeout=per_submission, out=out)
+        if not verdict.ok:
+            out("REFUSED: " + verdict.explain())
+            return 2
+    scratch_dirs, todo = [], []
+    for lab in labs:
         if force or not gradebook.holds_current(course_root, lab):
             run = run_nbgrader(["generate_assignment", lab, "--force",
                                 f"--CourseDirectory.release_directory={WORK / 'release'}"],
@@ -250,26 +220,15 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
                 out(f"could not record {lab} in the gradebook (see above)")
                 return 2
             gradebook.note_recorded(course_root, [lab])
-        gradebook.register_students(course_root, students)
-        fresh = []
-        for student in students:
-            digest = submission_digest(course_root, lab, student)
-            graded_before = manifest.get(f"{lab}/{student}") == digest and gradebook.cell_scores(course_root, lab, student)
-            if graded_before:
-                continue
-            fresh.append((student, digest))
-        skipped = len(students) - len(fresh)
-        out(f"== {lab}: {len(students)} submission(s), {len(fresh)} to grade" + (
-            f" ({skipped} unchanged since last graded; --force regrades them)" if skipped else ""))
-        if fresh:  # the course's gradebook now holds the lab: a snapshot of it is every submission's template
+        gradebook.register_students(course_root, found.get(lab, []))
+        if fresh[lab]:  # the course's gradebook now holds the lab: a snapshot of it is every submission's template
             tdir = Path(tempfile.mkdtemp(prefix=f"dtlabs-template-{lab}-"))
             scratch_dirs.append(tdir)
             (tdir / WORK).mkdir(parents=True)
             shutil.copy2(course_root / WORK / "gradebook.db", tdir / WORK / "gradebook.db")
-            todo += [(lab, student, digest, tdir) for student, digest in fresh]
+            todo += [(lab, student, digest, tdir) for student, digest in fresh[lab]]
 
-    per_submission = submission_timeout or lab_timeout or DEFAULT_SUBMISSION_TIMEOUT_S
-    guard, stopped = None, None
+    guard = None
     if fallback and todo:  # bubblewrap hides all of this from a submission; without it, put back what one changed
         work = course_root / WORK
         guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / "submitted",
@@ -281,54 +240,35 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc="grading", unit="submission", dynamic_ncols=True)
-    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
-        futures = {pool.submit(grade_submission, course_root, lab, student, tdir, cell_timeout=cell_timeout,
-                               timeout=per_submission): (lab, student, digest) for lab, student, digest, tdir in todo}
-        for fut in as_completed(futures):
-            lab, student, digest = futures[fut]
-            try:
-                res, failure = fut.result(), None
-            except Exception as exc:  # noqa: BLE001 - one broken submission never stops the batch
-                res, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
-            try:
-                touched = guard.restore() if guard is not None else []
-            except GuardError as exc:
-                stopped = f"STOPPED after {student}/{lab}: {exc}; grade again once the course is whole"
-                for f in futures:
-                    f.cancel()
+    batch = _Batch(course_root, manifest, guard, out, bar)
+    batch.scratch_dirs += scratch_dirs
+    stopped = None
+    try:
+        retried = set()
+        while todo:
+            todo = batch.run(todo, jobs, cell_timeout=cell_timeout, timeout=per_submission)
+            if not todo:
                 break
-            put_back = _put_back_reason(touched, course_root)
-            merged = False
-            if res is None:
-                problems.append((lab, student))
-                out(f"   NOT GRADED: {student}/{lab} ({'; '.join(filter(None, [failure, put_back]))})")
-            else:
-                scratch_dirs.append(res.scratch)
-                if put_back:
-                    res.reasons.append(put_back)
-                merged = res.graded and gradebook.merge(course_root, res.scratch, lab, student)
-                why = "; ".join(res.reasons)
-                if merged:
-                    manifest[f"{lab}/{student}"] = digest
-                    gradebook.write_record(course_root, MANIFEST, manifest)
-                    got, possible = res.points
-                    line = f"   {student}/{lab}: {got:g}/{possible:g} ({res.seconds:.0f} s)"
-                    if got == 0 or res.reasons:
-                        line += f" - {why or 'no test passed'}"
-                    out(line)
-                else:
-                    problems.append((lab, student))
-                    manifest.pop(f"{lab}/{student}", None)
-                    out(f"   NOT GRADED: {student}/{lab} ({why or 'nbgrader produced no grade; see its log'})")
-            if guard is not None:
-                guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
-            if bar is not None:
-                bar.set_postfix_str(f"{student}/{lab} {'ok' if merged else 'NOT GRADED'}")
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-    for d in scratch_dirs:
-        shutil.rmtree(d, ignore_errors=True)
+            lab, student = todo[0][:2]
+            out(f"   the sandbox failed for {student}/{lab} for a reason that is not the student's: checking the "
+                "machine again before grading anyone else")
+            verdict = canary.check(course_root, lab, cell_timeout=cell_timeout, timeout=per_submission, force=True,
+                                   out=out)
+            if not verdict.ok or (lab, student) in retried:
+                why = verdict.explain() if not verdict.ok else "its sandbox failed twice on a machine that grades"
+                for lab_, student_, *_ in todo:
+                    batch.problems.append((lab_, student_))
+                    out(f"   NOT GRADED: {student_}/{lab_} (environment: {why.splitlines()[0]})")
+                stopped = "STOPPED: " + why if not verdict.ok else None
+                break
+            retried.add((lab, student))
+    except GuardError as exc:
+        stopped = f"STOPPED: {exc}; grade again once the course is whole"
+    finally:
+        if bar is not None:
+            bar.close()
+        for d in batch.scratch_dirs:
+            shutil.rmtree(d, ignore_errors=True)
     if stopped:
         out(stopped)
         return 2
@@ -342,10 +282,22 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             if run.returncode != 0:
                 out(f"   feedback for {lab} incomplete:\n{run.output[-2000:]}")
         out(f"feedback: {course_root / WORK / 'feedback'}")
-    if problems:
-        out(f"{len(problems)} submission(s) could not be graded: " + ", ".join(f"{s}/{a}" for a, s in problems))
+    if batch.problems:
+        out(f"{len(batch.problems)} submission(s) could not be graded: " +
+            ", ".join(f"{s}/{a}" for a, s in batch.problems))
         return 1
     return 2 if unknown else 0
+
+
+def _fresh(course_root: Path, lab: str, students, manifest: dict) -> list:
+    """(student, digest) of every submission of ``lab`` that is new or changed since it was last graded."""
+    fresh = []
+    for student in students:
+        digest = submission_digest(course_root, lab, student)
+        if manifest.get(f"{lab}/{student}") == digest and gradebook.cell_scores(course_root, lab, student):
+            continue
+        fresh.append((student, digest))
+    return fresh
 
 
 def autograde(lab: str, *, course_root=None, cell_timeout=None, timeout=None, force=True, echo=False):

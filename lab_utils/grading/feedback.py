@@ -2,8 +2,8 @@
 
 nbgrader's feedback HTML renders the autograded cells, hidden regions included. ``HideHiddenTests`` sits in
 ``GenerateFeedback.preprocessors`` (``grader/nbgrader_config.py``), so the CLI and the formgrader both use it:
-the region becomes one comment line, and the cell's outputs lose every line that quotes a hidden line (an
-IPython traceback prints the failing source line). A failing hidden check still shows its message, which
+the region becomes one comment line, and every cell's outputs lose each line that quotes a hidden line (an
+IPython traceback prints the failing source line; an answer cell may print what it saw of a test's harness). A failing hidden check still shows its message, which
 AUTHORING.md asks to be written for the student.
 """
 from __future__ import annotations
@@ -27,25 +27,42 @@ def redact(text: str, hidden: list[str]) -> str:
 class HideHiddenTests(ClearHiddenTests):
     placeholder = "# (hidden tests: not shown)"
 
+    def preprocess(self, nb, resources):
+        """Every output of the notebook is redacted against every hidden line: a test cell's traceback quotes its
+        own, and an answer cell can print what it learnt of the tests (a harness's constants and code reach the
+        student's process while it is graded)."""
+        self._hidden = [h for c in nb.cells if c.cell_type == "code" and HIDDEN_MARKERS[0] in c.source
+                        for h in hidden_lines(c.source)]
+        return super().preprocess(nb, resources)
+
     def preprocess_cell(self, cell, resources, cell_index):
-        if cell.cell_type != "code" or HIDDEN_MARKERS[0] not in cell.source:
+        if cell.cell_type != "code":
             return cell, resources
-        hidden = hidden_lines(cell.source)
-        out, inside = [], False
-        for line in cell.source.split("\n"):
-            if HIDDEN_MARKERS[0] in line:
-                inside = True
-                out.append(line[: len(line) - len(line.lstrip())] + self.placeholder)
-            elif HIDDEN_MARKERS[1] in line:
-                inside = False
-            elif not inside:
-                out.append(line)
-        cell.source = "\n".join(out)
+        hidden = getattr(self, "_hidden", None) or hidden_lines(cell.source)
+        test_cell = HIDDEN_MARKERS[0] in cell.source
+        if test_cell:
+            out, inside = [], False
+            for line in cell.source.split("\n"):
+                if HIDDEN_MARKERS[0] in line:
+                    inside = True
+                    out.append(line[: len(line) - len(line.lstrip())] + self.placeholder)
+                elif HIDDEN_MARKERS[1] in line:
+                    inside = False
+                elif not inside:
+                    out.append(line)
+            cell.source = "\n".join(out)
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                # a traceback shows source lines: keep only the final "Error: message" line
                 output["evalue"] = redact(output.get("evalue", ""), hidden)
-                output["traceback"] = [f"{output.get('ename', 'Error')}: {output['evalue']}"]
+                if test_cell:  # its traceback shows the test's own source lines: keep the "Error: message" line
+                    output["traceback"] = [f"{output.get('ename', 'Error')}: {output['evalue']}"]
+                else:
+                    output["traceback"] = [redact(line, hidden) for line in output.get("traceback", [])]
             elif output.get("output_type") == "stream":
                 output["text"] = redact(output.get("text", ""), hidden)
+            elif output.get("output_type") in ("execute_result", "display_data"):
+                data = output.get("data", {})
+                for mime in ("text/plain", "text/html", "text/markdown"):
+                    if isinstance(data.get(mime), str):
+                        data[mime] = redact(data[mime], hidden)
         return cell, resources

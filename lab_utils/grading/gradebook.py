@@ -2,7 +2,8 @@
 
 Each submission is graded in its own scratch course (its own copy of the gradebook), so several can run at
 once and nothing a submission does reaches the course's gradebook. When the sandbox is gone, ``merge`` copies
-the scratch result into the course: the autograded notebook into ``autograded/`` and the scores into the
+the scratch result into the course: the autograded notebook (and nothing else the submission held) into
+``autograded/`` and the scores into the
 gradebook through nbgrader's own API, which keeps the CSV export, feedback and the formgrader working as usual.
 """
 from __future__ import annotations
@@ -111,8 +112,10 @@ def merge(course_root: Path | str, scratch_root: Path | str, lab: str, student: 
     dest_dir = course_root / WORK / "autograded" / student / lab
     if dest_dir.exists():
         shutil.rmtree(dest_dir)
-    if src_dir.is_dir():
-        shutil.copytree(src_dir, dest_dir)
+    dest_dir.mkdir(parents=True)
+    notebook = src_dir / f"{lab}.ipynb"  # only the autograded notebook comes back (never a file the submission holds)
+    if notebook.is_file() and not notebook.is_symlink():
+        shutil.copyfile(notebook, dest_dir / notebook.name, follow_symlinks=False)
     with warnings.catch_warnings(), Gradebook(db_url(course_root)) as gb:
         warnings.simplefilter("ignore")  # SQLAlchemy's autoflush notes while nbgrader replaces a submission
         gb.update_or_create_student(student)

@@ -6,18 +6,18 @@ import shutil
 from pathlib import Path
 
 from lab_utils.grading import gradebook
-from lab_utils.grading.course import REPO_ROOT, GradingError, discover_labs
+from lab_utils.grading.course import GradingError, discover_labs, find_course_root
 from lab_utils.grading.nbgrader_run import run_nbgrader
 
 
-def release(labs=None, *, root: Path | str = REPO_ROOT, dest: Path | str | None = None, echo=False) -> list[Path]:
+def release(labs=None, *, root: Path | str | None = None, dest: Path | str | None = None, echo=False) -> list[Path]:
     """Regenerate the release (``labs/`` by default, or ``dest``) of ``labs`` (default: all) from solutions/.
 
     This is ``nbgrader generate_assignment --force``; with ``dest`` it also passes ``--no-db`` so a trial
     release touches no gradebook. nbgrader writes no timestamps (two runs give the same bytes); we only make
     sure of a trailing newline. Returns the notebooks written.
     """
-    root = Path(root).resolve()
+    root = find_course_root(root)
     known = discover_labs(root)
     labs = list(labs) if labs else known
     missing = [lab for lab in labs if lab not in known]

@@ -29,6 +29,7 @@ from pathlib import Path
 from lab_utils import processes, settings
 
 PKG_DIR = processes.PACKAGE_DIR
+ENVIRONMENT = "environment:"  # a reason that carries this is the grading machine's fault, never the student's
 # the variables a subject keeps; everything else (DTLABS_COURSE_ROOT, JUPYTER_*, tokens...) is dropped
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
@@ -48,7 +49,9 @@ class Limits:
 
     memory_mb: int = field(default_factory=lambda: settings.load().memory_mb)
     max_procs: int = field(default_factory=lambda: settings.load().max_procs)
+    disk_mb: int = field(default_factory=lambda: settings.load().disk_mb)
     poll_s: float = 0.1
+    disk_every: int = 10  # polls between two measures of the submission's folder
 
 
 class SandboxUnavailable(RuntimeError):
@@ -150,7 +153,9 @@ class Mount:
     dest: str
 
     def args(self) -> list[str]:
-        if self.kind in ("tmpfs", "proc", "dev"):
+        if self.kind == "tmpfs":  # memory-backed: sized, or a submission could fill the host's memory through it
+            return (["--size", self.src] if self.src else []) + ["--tmpfs", self.dest]
+        if self.kind in ("proc", "dev"):
             return [f"--{self.kind}", self.dest]
         flag = {"ro": "--ro-bind", "rw": "--bind", "symlink": "--symlink"}[self.kind]
         return [flag, self.src, self.dest]
@@ -178,7 +183,7 @@ def _python_paths() -> list[str]:
     return paths
 
 
-def mounts(workdir) -> list[Mount]:
+def mounts(workdir, tmp_mb: int | None = None) -> list[Mount]:
     """The subject's file system, in the order bwrap builds it: a private /tmp, /proc and /dev first, then the
     read-only binds from the shortest path to the longest (a bind under /tmp or inside another bind stays visible),
     the links that make the original paths of symlinked ones work, and last the submission's folder, writable, at
@@ -198,7 +203,8 @@ def mounts(workdir) -> list[Mount]:
             links[os.path.abspath(path)] = real
     binds = sorted(ro, key=lambda p: (p.count("/"), p))
     binds = [p for i, p in enumerate(binds) if not any(_within(p, q) for q in binds[:i])]  # a parent already shows it
-    steps = [Mount("tmpfs", "", "/tmp"), Mount("proc", "", "/proc"), Mount("dev", "", "/dev")]
+    steps = [Mount("tmpfs", str(tmp_mb << 20) if tmp_mb else "", "/tmp"), Mount("proc", "", "/proc"),
+             Mount("dev", "", "/dev")]
     steps += [Mount("ro", p, p) for p in binds]
     for link, target in sorted(links.items(), key=lambda kv: (kv[0].count("/"), kv[0])):
         if not any(_within(link, q) for q in binds):  # inside a bind, the host's own link is already there
@@ -209,7 +215,8 @@ def mounts(workdir) -> list[Mount]:
 
 def describe_mounts(workdir) -> str:
     """The subject's file system in words (``dtlabs doctor --grading``)."""
-    return "\n".join(f"  {m.kind:8s} {m.dest}" + (f" -> {m.src}" if m.kind == "symlink" else "") for m in mounts(workdir))
+    return "\n".join(f"  {m.kind:8s} {m.dest}" + (f" -> {m.src}" if m.kind == "symlink" else "")
+                     for m in mounts(workdir, tmp_mb=Limits().disk_mb))
 
 
 def _prepare_home(home: Path) -> None:
@@ -226,7 +233,7 @@ def _prepare_home(home: Path) -> None:
         pass
 
 
-def command(argv: list[str], workdir: Path, env: dict) -> tuple[list[str], dict, str | None]:
+def command(argv: list[str], workdir: Path, env: dict, limits: Limits | None = None) -> tuple[list[str], dict, str | None]:
     """(argv to run, environment, cwd) for ``argv`` boxed with bwrap, or prepared for the fallback."""
     workdir = Path(workdir).resolve()
     _prepare_home(workdir)
@@ -237,7 +244,7 @@ def command(argv: list[str], workdir: Path, env: dict) -> tuple[list[str], dict,
         cmd = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
                "--clearenv"]
-        for step in mounts(workdir):
+        for step in mounts(workdir, tmp_mb=(limits or Limits()).disk_mb):
             cmd += step.args()
         cmd += ["--chdir", inside]
         for k, v in _env(inside, env).items():
@@ -248,6 +255,24 @@ def command(argv: list[str], workdir: Path, env: dict) -> tuple[list[str], dict,
     private = workdir / ".dtlabs_pkg"
     shutil.copytree(PKG_DIR, private / "lab_utils", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
     return argv, _env(str(workdir), {**env, "PYTHONPATH": str(private)}), str(workdir)
+
+
+def folder_bytes(folder: Path, stop_at: int) -> int:
+    """Bytes under ``folder`` (no link followed), counted until they pass ``stop_at``; every 1000 entries count
+    as a MB too, so a flood of empty files is caught as well."""
+    total, entries, stack = 0, 0, [str(folder)]
+    while stack and total <= stop_at:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    entries += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total + (entries // 1000 << 20)
 
 
 def _limit_resources(memory_mb: int) -> None:  # runs in the child between fork and exec
@@ -269,6 +294,8 @@ class Box:
     mode: str
     limits: Limits
     reason: str | None = None
+    caller_baseline: int | None = None  # the starting process's RSS at the start, when its growth counts too
+    workdir: Path | None = None  # the submission's folder, measured against the disk limit
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def members(self) -> list:
@@ -277,9 +304,17 @@ class Box:
     def _watch(self) -> None:
         import psutil
 
+        me = psutil.Process()
+        polls = 0
         while not self._stop.wait(self.limits.poll_s):
             if self.popen.poll() is not None:
                 return
+            polls += 1
+            if self.workdir is not None and polls % self.limits.disk_every == 0:
+                used = folder_bytes(self.workdir, stop_at=self.limits.disk_mb << 20)
+                if used > self.limits.disk_mb << 20:
+                    self.kill(f"disk limit: the submission wrote more than {self.limits.disk_mb} MB")
+                    return
             procs = self.members()
             if len(procs) > self.limits.max_procs:
                 self.kill(f"process limit: the submission started more than {self.limits.max_procs} processes")
@@ -290,10 +325,19 @@ class Box:
                     rss += p.memory_info().rss
                 except psutil.Error:
                     pass
+            if self.caller_baseline is not None:  # the grader holding what the submission sent it
+                rss += max(0, me.memory_info().rss - self.caller_baseline)
             if rss > self.limits.memory_mb << 20:
                 self.kill(f"memory limit: the submission's processes used {rss >> 20} MB "
                           f"(limit {self.limits.memory_mb} MB)")
                 return
+
+    def rebase_caller(self) -> None:
+        """Count the starting process's growth from now (after its own start-up imports)."""
+        if self.caller_baseline is not None:
+            import psutil
+
+            self.caller_baseline = psutil.Process().memory_info().rss
 
     def kill(self, reason: str | None = None) -> None:
         if reason and not self.reason:
@@ -310,10 +354,11 @@ class Box:
 
 
 def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(), limits: Limits | None = None,
-          stdout=None) -> Box:
-    """Start ``argv`` in a sandbox around ``workdir``; returns the running ``Box`` with its watchdog."""
+          stdout=None, count_caller: bool = False) -> Box:
+    """Start ``argv`` in a sandbox around ``workdir``; returns the running ``Box`` with its watchdog.
+    ``count_caller``: this process's memory growth from now on counts against the submission's memory limit."""
     limits = limits or Limits()
-    cmd, full_env, cwd = command(argv, workdir, env or {})
+    cmd, full_env, cwd = command(argv, workdir, env or {}, limits)
     box_mode = mode()
     if box_mode == "fallback":
         processes.become_subreaper()  # orphans of the submission come back to us, so they can be found
@@ -321,6 +366,9 @@ def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(
         cmd, env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), stdin=subprocess.DEVNULL, stdout=stdout,
         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: _limit_resources(limits.memory_mb),
     )
-    box = Box(popen, box_mode, limits)
+    import psutil
+
+    box = Box(popen, box_mode, limits, caller_baseline=psutil.Process().memory_info().rss if count_caller else None,
+              workdir=Path(workdir))
     threading.Thread(target=box._watch, daemon=True, name="dtlabs-sandbox-watchdog").start()
     return box

@@ -12,7 +12,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from lab_utils.grading.course import GRADER_DIR
+from lab_utils.grading.course import is_course
+from lab_utils.grading.nbgrader_run import load_config
 from lab_utils.grading.nbgrader_run import TOKEN_VAR, reap
 
 
@@ -23,25 +24,19 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     from nbgrader.validator import Validator
     from traitlets import List
     from traitlets.config import Config
-    from traitlets.config.loader import PyFileConfigLoader
 
-    from lab_utils.grading.split.execute import SplitExecute
+    from lab_utils import settings
+    from lab_utils.grading.split.execute import SplitExecute, execution_config
 
     path = Path(notebook)
     if not path.is_file():
         print(f"no such notebook: {path}", file=sys.stderr)
         return 2
-    env_before = {k: os.environ.get(k) for k in ("DTLABS_CELL_TIMEOUT",)}
-    if cell_timeout is not None:
-        os.environ["DTLABS_CELL_TIMEOUT"] = str(int(cell_timeout))
-    try:
-        cfg = PyFileConfigLoader("nbgrader_config.py", path=str(GRADER_DIR)).load_config()
-    finally:
-        for k, v in env_before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # the course the notebook lives in (a clone of the course), else the package's defaults (a notebook fetched
+    # from an nbgrader exchange into a home folder)
+    course = next((d for d in path.resolve().parents if is_course(d)), None)
+    cfg = load_config(course)
+    cfg.merge(execution_config(settings.load(cfg, cell_timeout=cell_timeout)))
     cfg.merge(Config({"Validator": {"ignore_checksums": False}}))
 
     class _Validator(Validator):

@@ -15,7 +15,7 @@ import io
 import pickle
 import sys
 
-MAX_BYTES = 1 << 30  # an answer larger than 1 GiB is refused rather than decoded
+MAX_BYTES = 256 << 20  # an answer larger than this is refused before it is read (``wire.read_frame``)
 _ND = "__dtlabs_ndarray__"
 
 

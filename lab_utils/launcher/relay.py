@@ -25,7 +25,7 @@ import socket
 import struct
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BACKEND = "dtrelay"
 _HEAD = struct.Struct("!II")  # header length, payload length
@@ -53,6 +53,7 @@ class Call:
     dtype: str
     shape: tuple
     tag: int = 0
+    data: bytes = field(default=b"", repr=False, compare=False)  # what was sent, when ``Traffic(keep_data=True)``
 
 
 class Traffic:
@@ -62,8 +63,9 @@ class Traffic:
     order). ``count`` and ``bytes`` filter them by op, rank, group and peer.
     """
 
-    def __init__(self):
+    def __init__(self, keep_data: bool = False):
         self.calls: list[Call] = []
+        self.keep_data = keep_data  # keep the bytes of every send, so a test can check what a message carried
         self._lock = threading.Lock()
 
     def record(self, call: Call) -> None:
@@ -85,6 +87,10 @@ class Traffic:
 
     def bytes(self, op=None, rank=None, group=None, peer=None) -> int:
         return sum(c.nbytes for c in self.select(op, rank, group, peer))
+
+    def tensor(self, call: Call):
+        """What a send carried (``keep_data``), as a tensor of its dtype and shape."""
+        return _tensor(call.data, call.dtype, call.shape)
 
     def start(self, world_size: int, directory: str | None = None) -> Relay:
         """A relay for one launch of ``world_size`` ranks, listening in ``directory`` (a private temp folder by
@@ -274,7 +280,8 @@ class Relay:
             peer = group[int(h["root"])] if 0 <= int(h["root"]) < len(group) else None
         shape = tuple(int(s) for s in h.get("shape", ()))
         call = Call(rank, op, group, peer, len(payload) if op != "recv" else int(h.get("nbytes", 0)),
-                    str(h.get("dtype", "")), shape, int(h.get("tag", 0)))
+                    str(h.get("dtype", "")), shape, int(h.get("tag", 0)),
+                    payload if op == "send" and self.traffic.keep_data else b"")
         if op == "send":
             self.traffic.record(call)
             with self._cond:

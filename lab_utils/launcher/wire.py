@@ -9,6 +9,7 @@ import os
 import struct
 
 _HEADER = struct.Struct("!Q")
+MAX_JSON = 1 << 20  # control messages are a few hundred bytes
 
 
 def write_frame(fd: int, payload: bytes) -> None:
@@ -32,11 +33,23 @@ def read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def read_frame(fd: int) -> bytes | None:
+class FrameTooLarge(ValueError):
+    """A frame's header declares more bytes than the reader accepts: refused before a byte of it is read."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"a frame of {size} bytes is over the {limit}-byte limit")
+        self.size, self.limit = size, limit
+
+
+def read_frame(fd: int, max_bytes: int | None = None) -> bytes | None:
+    """One frame's payload, or None at end of stream. ``max_bytes``: refuse (``FrameTooLarge``) a frame declared
+    larger, before reading it: what a header declares is the sender's to choose."""
     header = read_exact(fd, _HEADER.size)
     if header is None:
         return None
     (size,) = _HEADER.unpack(header)
+    if max_bytes is not None and size > max_bytes:
+        raise FrameTooLarge(size, max_bytes)
     return read_exact(fd, size) if size else b""
 
 
@@ -69,6 +82,8 @@ def recv_json(sock, maxfds=0):
             return None, fds
         data += more
     (size,) = _HEADER.unpack(data)
+    if size > MAX_JSON:
+        raise FrameTooLarge(size, MAX_JSON)
     body = b""
     while len(body) < size:
         more = sock.recv(size - len(body))

@@ -258,11 +258,11 @@ def sample(mutants: list, n: int | None, seed: int) -> list:
 
 
 # ------------------------------------------------------------------------------------------ accepted
-def accepted_path(lab: str, root: Path | str = grading.REPO_ROOT) -> Path:
-    return Path(root) / "grader" / "mutants" / f"{lab}.toml"
+def accepted_path(lab: str, root: Path | str | None = None) -> Path:
+    return grading.find_course_root(root) / "grader" / "mutants" / f"{lab}.toml"
 
 
-def load_accepted(lab: str, root: Path | str = grading.REPO_ROOT) -> dict:
+def load_accepted(lab: str, root: Path | str | None = None) -> dict:
     """id -> reason of the equivalent mutants accepted for a lab (``grader/mutants/NN_topic.toml``)."""
     import tomllib
 
@@ -303,7 +303,7 @@ class Report:
         return [m for m, k, _ in self.graded if not k]
 
 
-def run_mutants(lab: str, mutants: list, *, root: Path | str = grading.REPO_ROOT, cell_timeout=None):
+def run_mutants(lab: str, mutants: list, *, root: Path | str | None = None, cell_timeout=None):
     """Grade the unmutated solution and every mutant in one swap session (``lab_utils.grading.quality.swaps``): the same
     split execution as ``autograde``, one kernel and sandbox for all. Returns the session's report."""
     from lab_utils.grading.quality.swaps import CELL_TIMEOUT_S, Swap, check_swaps
@@ -316,11 +316,11 @@ def _full_marks(scores: dict) -> bool:
     return bool(scores) and all((s or 0) >= m for s, m in scores.values())
 
 
-def mutate(lab: str, *, n: int | None = 20, seed: int = 0, root: Path | str = grading.REPO_ROOT,
+def mutate(lab: str, *, n: int | None = 20, seed: int = 0, root: Path | str | None = None,
            cell_timeout=None) -> Report:
     import nbformat
 
-    root = Path(root).resolve()
+    root = grading.find_course_root(root)
     src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     accepted_ids = load_accepted(lab, root)
     every = lab_mutants(src)
@@ -362,13 +362,13 @@ def format_report(rep: Report, min_kill: float) -> str:
     return "\n".join(lines)
 
 
-def main(lab: str, *, n=20, seed=0, min_kill=0.9, root=grading.REPO_ROOT, cell_timeout=None, list_only=False,
+def main(lab: str, *, n=20, seed=0, min_kill=0.9, root=None, cell_timeout=None, list_only=False,
          stream=None) -> int:
     """The CLI: 0 when the kill rate reaches ``min_kill`` (and the solution keeps full marks), else 1."""
     import nbformat
 
     stream = stream or sys.stdout
-    root = Path(root).resolve()
+    root = grading.find_course_root(root)
     if lab not in grading.discover_labs(root):
         print(f"no solutions/{lab}/{lab}.ipynb; labs: {grading.discover_labs(root)}", file=sys.stderr)
         return 2

@@ -163,7 +163,7 @@ def stress(labs=None, *, k: int = 10, busy: int | None = None, cell_timeout=None
     from lab_utils import grading
 
     out = out or sys.stdout
-    repo_root = Path(repo_root or grading.REPO_ROOT).resolve()
+    repo_root = grading.find_course_root(repo_root)
     labs = list(labs) if labs else grading.discover_labs(repo_root)
     unknown = [lab for lab in labs if lab not in grading.discover_labs(repo_root)]
     if unknown:

@@ -30,8 +30,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from lab_utils.grading.build import solution_cells, without_demos
-from lab_utils.grading.course import REPO_ROOT
+from lab_utils.grading.quality.build import solution_cells, without_demos
+from lab_utils.grading.course import find_course_root
 from lab_utils.grading.split.execute import GRADER, SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
 
 CELL_TIMEOUT_S = 120
@@ -90,9 +90,9 @@ def session_notebook(source_nb):
     return nb
 
 
-def release_swap(lab: str, root: Path | str = REPO_ROOT) -> Swap:
+def release_swap(lab: str, root: Path | str | None = None) -> Swap:
     """The untouched release: every answer cell as ``labs/`` ships it (its stub)."""
-    rel = nbformat.read(str(Path(root) / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    rel = nbformat.read(str(find_course_root(root) / "labs" / lab / f"{lab}.ipynb"), as_version=4)
     return Swap("release", {_meta(c)["grade_id"]: c.source for c in rel.cells if _meta(c).get("solution")})
 
 
@@ -225,9 +225,9 @@ def _mode(preamble) -> str:
     return "unknown"
 
 
-def check_swaps(lab: str, swaps, *, root: Path | str = REPO_ROOT, cell_timeout: int = CELL_TIMEOUT_S) -> SwapReport:
+def check_swaps(lab: str, swaps, *, root: Path | str | None = None, cell_timeout: int = CELL_TIMEOUT_S) -> SwapReport:
     """Grade ``swaps`` of ``lab`` in one session (module docstring); nothing it starts outlives it."""
-    root = Path(root)
+    root = find_course_root(root)
     nb = session_notebook(nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4))
     work = Path(tempfile.mkdtemp(prefix=f"dtlabs-swaps-{lab}-"))
     try:

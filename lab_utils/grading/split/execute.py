@@ -22,15 +22,37 @@ import os
 import shutil
 import tempfile
 
+from nbclient.util import run_sync
 from nbformat.v4 import new_code_cell
 from nbgrader.preprocessors import Execute
 from traitlets import Unicode
 
 from lab_utils import settings
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
+from lab_utils.grading.sandbox import ENVIRONMENT
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
 
 GRADER, SHARED, STUDENT = "grader", "shared", "student"
+SAFE_KERNEL_ARG = "--IPKernelApp.ignore_cwd=True"
+
+
+def execution_config(dt):
+    """nbgrader's Execute settings for the course (``dt``: its ``settings.DTLabs``), for autograde and validate."""
+    from traitlets.config import Config
+
+    return Config({"Execute": {
+        # nbgrader 0.9 reads Execute.timeout and ignores ExecutePreprocessor.timeout (nbgrader#1463)
+        "timeout": dt.cell_timeout,
+        # A cell that ran past its limit must cost that cell, not the notebook: nbgrader would otherwise drop the
+        # whole submission when the interrupted kernel's last outputs arrive late (seen on a loaded grader).
+        "raise_on_iopub_timeout": False,
+        "interrupt_on_timeout": True,
+        "execute_retries": 0,
+    }})
+
+
+class SandboxNotStarted(RuntimeError):
+    """The subject could not start (a fault of the grading machine, never a student's): nothing was graded."""
 STUDENT_MAGIC = "%%student\n"
 
 
@@ -105,6 +127,37 @@ class SplitExecute(Execute):
             nb, resources = super().preprocess(nb, resources, km)
         return nb, resources
 
+    async def async_start_new_kernel(self, **kwargs):
+        """The grader kernel starts in an empty folder of its own, never the submission's, and nothing it imports
+        can come from a folder a student writes: its working directory is not on its path (IPython's
+        ``ignore_cwd``; ``PYTHONSAFEPATH`` keeps ``python -m`` from adding it either)."""
+        kwargs["cwd"] = self._kernel_home
+        kwargs["env"] = {**(kwargs.get("env") or os.environ), "PYTHONSAFEPATH": "1"}
+        if SAFE_KERNEL_ARG not in self.extra_arguments:
+            self.extra_arguments = [*self.extra_arguments, SAFE_KERNEL_ARG]
+        await super().async_start_new_kernel(**kwargs)
+
+    start_new_kernel = run_sync(async_start_new_kernel)  # nbclient's sync name is bound to its own coroutine
+
+    def preprocess_cell(self, cell, resources, index):
+        """A preamble that fails is the grading machine's fault: stop there, with the reason, instead of running
+        every answer cell into "Cell magic %%student not found" and recording zeros."""
+        if cell is not getattr(self, "_preamble", None):
+            return super().preprocess_cell(cell, resources, index)
+        try:
+            cell, resources = super().preprocess_cell(cell, resources, index)
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            why = f"{errors[0].get('ename')}: {errors[0].get('evalue')}" if errors else None
+        except Exception as exc:  # noqa: BLE001 - a dead kernel, a timeout: the sandbox did not start either
+            why = f"{type(exc).__name__}: {exc}"
+        if why:
+            reason = f"{ENVIRONMENT} the sandbox did not start ({why})"
+            if self.report_path:
+                with open(self.report_path, "a") as fh:
+                    fh.write(reason.replace("\n", " ") + "\n")
+            raise SandboxNotStarted(reason)
+        return cell, resources
+
     @contextlib.contextmanager
     def split(self, nb, resources):
         """Route the cells and put the subject-starting cell first; yields every cell's route while it runs
@@ -122,13 +175,15 @@ class SplitExecute(Execute):
         report = self.report_path or None
         limits = settings.load(self.config)  # c.DTLabs.* from the course's nbgrader config, then the environment
         work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-")  # removed here: the kernel may die uncleaned
+        self._kernel_home = tempfile.mkdtemp(prefix="dtlabs-grader-")  # the kernel's working directory, empty
         preamble = new_code_cell(
             "import lab_utils.grading.split.proxy as _dtlabs_proxy\n"
             f"_dtlabs_proxy.start_grading(shared_sources={shared!r}, workdir={str(workdir)!r}, report_path={report!r}, "
             f"work_root={work_root!r}, memory_mb={limits.memory_mb!r}, max_procs={limits.max_procs!r}, "
-            f"sandbox={limits.sandbox!r})"
+            f"sandbox={limits.sandbox!r}, disk_mb={limits.disk_mb!r})"
         )
         nb.cells.insert(0, preamble)
+        self._preamble = preamble
         cell_timeout = self.timeout_func
 
         def timeout_for(cell):
@@ -143,10 +198,9 @@ class SplitExecute(Execute):
         finally:
             self.timeout_func = cell_timeout
             shutil.rmtree(work_root, ignore_errors=True)
-            first = nb.cells.pop(0)
+            shutil.rmtree(self._kernel_home, ignore_errors=True)
+            self._preamble = None
+            nb.cells.pop(0)
             for i, src in originals.items():
                 nb.cells[i].source = src
-        errors = [o for o in first.get("outputs", []) if o.get("output_type") == "error"]
-        if errors and report:  # the sandbox never started: every answer is missing, and the batch says why
-            with open(report, "a") as fh:
-                fh.write(f"sandbox did not start: {errors[0].get('ename')}: {errors[0].get('evalue')}\n")
+

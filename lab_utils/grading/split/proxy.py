@@ -74,6 +74,11 @@ def _remote_exception(reply: dict) -> BaseException:
 
 
 START_TIMEOUT_S = 120  # to start the subject (bubblewrap, Python, torch): the grader's time, never the student's
+# The subject's program: its working directory (the submission's files) off the path before anything is imported, so
+# a shipped torch.py or lab_utils/ cannot replace what the subject starts with (it is put back once the subject is
+# up, for the student's own helper modules, as in JupyterLab).
+SUBJECT_ENTRY = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+                 "from lab_utils.grading.split.subject import main; main(sys.argv[1:])")
 
 
 class _Session:
@@ -82,13 +87,15 @@ class _Session:
     def __init__(self, workdir: Path, limits=None, report_path: str | None = None, fork_zygote: bool = False):
         from lab_utils.grading import sandbox
 
+        self.workdir = Path(workdir)  # the subject's folder, at the same path on both sides
         self.report_path = report_path
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
-        argv = [sys.executable, "-m", "lab_utils.grading.split.subject", str(child.fileno())]
+        argv = [sys.executable, "-c", SUBJECT_ENTRY, str(child.fileno())]
         if fork_zygote:  # see lab_utils.grading.split.subject.main
             argv.append("--fork-zygote")
-        self.box = sandbox.start(argv, workdir, pass_fds=(child.fileno(),), limits=limits, stdout=out_w)
+        self.box = sandbox.start(argv, workdir, pass_fds=(child.fileno(),), limits=limits, stdout=out_w,
+                                 count_caller=True)  # what this kernel holds of the submission's answers counts too
         os.close(out_w)
         child.close()
         self.out = os.fdopen(out_r, "rb", buffering=0)
@@ -120,7 +127,7 @@ class _Session:
             self._write_out(data)
 
     def _read_msg(self) -> dict | None:
-        data = wire.read_frame(self.sock.fileno())
+        data = wire.read_frame(self.sock.fileno(), max_bytes=plaindata.MAX_BYTES)
         if data is None:
             return None
         return plaindata.decode(data)
@@ -172,6 +179,9 @@ class _Session:
                     continue
                 try:
                     msg = self._read_msg()
+                except wire.FrameTooLarge as exc:  # refused unread: the grader's memory is not the student's
+                    self.box.kill(f"it sent an answer of {exc.size} bytes (the limit is {exc.limit >> 20} MB)")
+                    raise self._dead() from None
                 except Exception as exc:  # noqa: BLE001 - a malformed answer ends the session
                     self.box.kill(f"it sent something that is not plain data ({type(exc).__name__})")
                     raise self._dead() from None
@@ -411,7 +421,7 @@ def _course_uses_torch(shared_sources) -> bool:
 
 def start_grading(shared_sources=(), workdir: str | None = None, report_path: str | None = None,
                   memory_mb: int | None = None, max_procs: int | None = None, work_root: str | None = None,
-                  sandbox: str | None = None) -> str:
+                  sandbox: str | None = None, disk_mb: int | None = None) -> str:
     """Called by the grading executor's first (hidden) cell in the grader kernel: start the subject, install
     ``%%student`` and the shared-cell hook. Returns the sandbox mode. The subject's folder is made under
     ``work_root``, which the executor owns and removes once the kernel is gone (a killed kernel runs no cleanup)."""
@@ -427,27 +437,38 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
         limits.memory_mb = int(memory_mb)
     if max_procs:
         limits.max_procs = int(max_procs)
-    work = Path(tempfile.mkdtemp(prefix="dtlabs-subject-", dir=work_root))
-    if workdir:  # the submission's own files (data a student shipped), never its notebooks
-        import shutil
+    if disk_mb:
+        limits.disk_mb = int(disk_mb)
+    # The grader's import path is fixed before any student byte is on disk: nothing it imports later can come from
+    # the submission's folder, the subject's folder or the kernel's working directory.
+    import cloudpickle  # noqa: F401 - used by dumps, for every call that crosses
+    from IPython.display import publish_display_data  # noqa: F401 - figures from the subject
 
-        for item in Path(workdir).iterdir():
-            if item.suffix == ".ipynb" or item.name.startswith(".ipynb_checkpoints"):
-                continue
-            if work.is_relative_to(item.resolve()):  # the temp folder lives beside the notebook: never copy it into itself
-                continue
-            dest = work / item.name
-            (shutil.copytree if item.is_dir() else shutil.copy2)(item, dest)
+    from lab_utils.grading.files import copy_submission
+
+    work = Path(tempfile.mkdtemp(prefix="dtlabs-subject-", dir=work_root))
+    student_dirs = [str(work)] + ([os.path.realpath(workdir)] if workdir else [])
+    sys.path[:] = [p for p in sys.path if p not in ("", ".") and not any(
+        os.path.realpath(p) == d or os.path.realpath(p).startswith(d + os.sep) for d in student_dirs)]
+    if workdir:  # the submission's own files (data a student shipped) as regular files: never its notebooks, no link
+        def skip(rel, is_dir):
+            return (rel.suffix == ".ipynb" or rel.parts[0].startswith(".ipynb_checkpoints")
+                    or (is_dir and work.is_relative_to(Path(workdir, rel).resolve())))  # our temp folder beside it
+
+        copied = copy_submission(workdir, work, skip=skip)
+        if copied.left_out and report_path:
+            with open(report_path, "a") as fh:
+                fh.write(copied.note() + "\n")
     _SHARED_SOURCES.clear()
     _SHARED_SOURCES.update(shared_sources)
     # course cells here and over there make temp files for each other (a checkpoint the ranks write and a test reads):
-    # both sides use the submission's shared temp folder. Tests read such files with restricted loaders only
-    # (torch.load's weights_only default, json), as they would read anything else a submission produced.
+    # both sides use the submission's shared temp folder, at the same path on both sides. Tests read such files with
+    # restricted loaders only (torch.load's weights_only default, json), as they would read anything else a
+    # submission produced. This kernel stays in its own empty working directory.
     tmp = boxes.shared_tmp(work)
     tmp.mkdir(exist_ok=True)
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = str(tmp)
-    os.chdir(work)  # relative paths too: both sides work in the same folder (the subject sees it at the same path)
     session = None
     try:
         uses_torch = _course_uses_torch(shared_sources)
@@ -455,14 +476,11 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
         if uses_torch:  # while the subject imports its own (about 1.7 s of the other core), not after it
             import torch  # noqa: F401
         session.wait_ready()
+        session.box.rebase_caller()  # from here on, what this kernel grows by is what the submission sent it
         _SESSION = session
-    except BaseException as exc:  # an interrupt too: a subject that never became ready must not run on
-        if session is not None:
+    except BaseException:  # an interrupt too: a subject that never became ready must not run on (the executor
+        if session is not None:  # reports why: SplitExecute.preprocess_cell)
             session.stop()
-        msg = f"sandbox could not start: {type(exc).__name__}: {exc}"
-        if report_path:
-            with open(report_path, "a") as fh:
-                fh.write(msg + "\n")
         raise
     launcher.set_remote(GraderRemote())  # launch / run_as_student in test cells now reach the subject
     shell.register_magic_function(_student_cell, magic_kind="cell", magic_name="student")

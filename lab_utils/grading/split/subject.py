@@ -1,4 +1,4 @@
-"""The subject: the process where a submission's own cells run while it is graded (``python -m lab_utils.grading.split.subject``).
+"""The subject: the process where a submission's own cells run while it is graded (``proxy.SUBJECT_ENTRY``).
 
 The grader's kernel (``lab_utils.grading.split.proxy``) starts it inside the sandbox and talks to it over one socket. The
 grader's requests are trusted (it executes only the course's locked cells and tests); everything this process
@@ -209,7 +209,7 @@ _SUBJECT: Subject | None = None
 
 
 def main(argv: list[str]) -> None:
-    """``python -m lab_utils.grading.split.subject FD [--fork-zygote]``: serve the grader on socket ``FD``."""
+    """``SUBJECT_ENTRY FD [--fork-zygote]``: serve the grader on socket ``FD``."""
     global _SUBJECT
     fd = int(argv[0])
     sys.stderr = sys.stdout  # one stream back to the grader (a stderr line would fail a graded cell)
@@ -226,6 +226,7 @@ def main(argv: list[str]) -> None:
             print(f"dtlabs-subject: rank server not forked ({type(exc).__name__}: {exc}); a fresh one starts on "
                   "first use")
     _SUBJECT = Subject(socket.socket(fileno=fd))  # IPython now owns sys.modules["__main__"]
+    sys.path.insert(0, os.getcwd())  # the student's own modules (utils.py beside the notebook), as in JupyterLab
     _SUBJECT.serve()
     # Graded: stop the rank server and leave without the interpreter's teardown (most of a second unloading
     # torch, which the grader would wait for) and without the submission's own atexit handlers.
@@ -235,9 +236,3 @@ def main(argv: list[str]) -> None:
     sys.stdout.flush()
     os._exit(0)
 
-
-if __name__ == "__main__":
-    # run as `python -m lab_utils.grading.split.subject`: make `lab_utils.grading.split.subject.resolve` (what
-    # proxies unpickle to) this module's
-    sys.modules.setdefault("lab_utils.grading.split.subject", sys.modules[__name__])
-    main(sys.argv[1:])
