@@ -8,6 +8,9 @@ Three measurements in one run, on scratch courses (a copy of solutions/; nothing
    ratio to the baseline (target: at most 1.2);
 3. `--jobs 1` against `--jobs 2` for STUDENTS students (default 2), and the speed-up.
 
+Before them, each lab's canary (its solution and empty release, graded once per machine and environment, then kept)
+is graded and timed on its own: it is what the first `dtlabs grade` of a lab pays, never a submission's cost.
+
     .venv/bin/python benchmarks/bench_grading.py [LAB ...] [--students N] [--skip-jobs]
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import nbformat
 
 from lab_utils import grading
+from lab_utils.grading import canary
 
 TARGET_RATIO = 1.2
 
@@ -77,6 +81,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     labs = args.labs or grading.discover_labs()
     print(f"labs: {' '.join(labs)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="dtlabs-bench-canary-") as tmp:
+        root = Path(tmp)
+        _course(root, labs, [])
+        start = time.monotonic()
+        verdicts = [canary.check(root, lab, force=True, out=lambda s: None) for lab in labs]
+        print(f"canary (each lab's solution and release, once per machine): {time.monotonic() - start:.0f} s, "
+              + ("all pass" if all(v.ok for v in verdicts) else "FAILED: " + "; ".join(v.explain() for v in verdicts
+                                                                                    if not v.ok)), flush=True)
     base, base_pts = baseline(labs)
     print(f"baseline (no split, no sandbox), one student: {base:.0f} s, {base_pts}", flush=True)
     one, one_pts = sandboxed(labs, ["student"], jobs=1)
