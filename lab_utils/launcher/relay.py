@@ -18,6 +18,7 @@ Everything is CPU-side: CUDA tensors are copied through host memory, which is fi
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -446,8 +447,8 @@ class _Connection:
             fut.set_exception(RelayError(error))
 
     def call(self, header: dict, payload: bytes, done):
-        """Send one call; returns a completed-later ``Work`` whose future holds ``done(reply_payload)``."""
-        from torch._C._distributed_c10d import _create_work_from_future
+        """Send one call; returns a ``Work`` whose future holds ``done(reply_payload)`` (or the relay's error, which
+        ``wait`` raises: a synchronous collective that failed must fail in the student's code, not return)."""
         from torch.futures import Future
 
         fut = Future()
@@ -455,10 +456,35 @@ class _Connection:
             i = next(self.ids)
             self.pending[i] = (fut, done)
             _send(self.sock, {"id": i, **header}, payload)
-        return _create_work_from_future(fut)
+        return _work_class()(fut)
 
 
 _connection: _Connection | None = None
+
+
+@functools.cache
+def _work_class():
+    import torch.distributed as dist
+
+    class RelayWork(dist.Work):
+        """One call in flight on the relay. (``_create_work_from_future`` would do, but its ``wait`` returns True
+        even when the future failed.)"""
+
+        def __init__(self, fut):
+            super().__init__()
+            self.fut = fut
+
+        def wait(self, timeout=None):
+            self.fut.wait()  # raises the relay's error
+            return True
+
+        def is_completed(self):
+            return self.fut.done()
+
+        def get_future(self):
+            return self.fut
+
+    return RelayWork
 
 
 def _group_class():

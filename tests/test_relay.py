@@ -1,0 +1,132 @@
+"""lab_utils.launcher.relay: with launch(..., traffic=Traffic()) every message the ranks send is counted in this
+process, the results are what gloo would give, and what a rank sends cannot make the relay misbehave."""
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+import torch
+
+from lab_utils import RankFailedError, Traffic, launch
+from lab_utils.launcher import relay
+
+
+def _ring_pair():
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.full((4,), float(rank))
+    y = torch.empty(4)
+    req = dist.isend(x, (rank + 1) % world)
+    dist.recv(y, (rank - 1) % world)
+    req.wait()
+    t = torch.ones(3) * (rank + 1)
+    dist.all_reduce(t)
+    b = torch.tensor([float(rank)])
+    dist.broadcast(b, src=world - 1)
+    out = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(out, torch.full((2,), float(rank)))
+    sub = dist.new_group([0, 1])
+    s = torch.ones(1) * rank
+    if rank in (0, 1):
+        dist.all_reduce(s, group=sub)
+    dist.barrier()
+    return {"recv": y, "sum": t, "bcast": b, "gather": torch.stack(out), "sub": s}
+
+
+def test_every_call_is_counted_in_the_launching_process_and_results_are_right():
+    traffic = Traffic(keep_data=True)
+    res = launch(_ring_pair, world_size=3, timeout=60, quiet=True, traffic=traffic)
+    for r, out in enumerate(res):
+        assert torch.equal(out["recv"], torch.full((4,), float((r - 1) % 3)))
+        assert torch.equal(out["sum"], torch.full((3,), 6.0))
+        assert torch.equal(out["bcast"], torch.tensor([2.0]))
+        assert torch.equal(out["gather"], torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]))
+    assert [res[r]["sub"].item() for r in range(3)] == [1.0, 1.0, 2.0]
+    for r in range(3):
+        assert traffic.count("send", rank=r) == 1 and traffic.bytes("send", rank=r) == 16
+        assert traffic.select("send", rank=r)[0].peer == (r + 1) % 3
+        assert traffic.count("recv", rank=r) == 1
+        assert traffic.count("allreduce", rank=r) == (2 if r < 2 else 1)
+        assert traffic.count("broadcast", rank=r) == 1 and traffic.select("broadcast", rank=r)[0].peer == 2
+    assert traffic.count("allreduce", group=(0, 1)) == 2
+    assert torch.equal(traffic.tensor(traffic.select("send", rank=1)[0]), torch.ones(4))
+
+
+def _ddp_steps(no_sync):
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(dist.get_rank())
+    for _ in range(3):
+        for micro in range(2):
+            with model.no_sync() if no_sync and micro == 0 else contextlib.nullcontext():
+                model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_ddp_runs_on_the_relay_and_no_sync_shows_in_the_count():
+    counts = {}
+    for no_sync in (False, True):
+        traffic = Traffic()
+        res = launch(_ddp_steps, world_size=2, timeout=60, quiet=True, args=(no_sync,), traffic=traffic)
+        assert all(torch.equal(a, b) for a, b in zip(res[0], res[1])), "the replicas differ"
+        counts[no_sync] = traffic.count("allreduce", rank=0)
+    # one bucket: one all-reduce per synchronised backward (3 steps of 2 backwards; no_sync keeps the first of each)
+    assert counts[False] == 6 and counts[True] == 3, counts
+
+
+def _mismatch():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(2)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+def test_mismatched_collectives_are_named_at_once():
+    with pytest.raises(RankFailedError, match="mismatched collectives.*rank 0 in allreduce, rank 1 in broadcast"):
+        launch(_mismatch, world_size=2, timeout=30, quiet=True, traffic=Traffic())
+
+
+def _wrong_size():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(3), 1)
+    else:
+        dist.recv(torch.empty(2), 0)
+
+
+def test_a_recv_of_the_wrong_size_is_named():
+    with pytest.raises(RankFailedError, match="recv for 8 bytes from rank 0, which sent 12 bytes"):
+        launch(_wrong_size, world_size=2, timeout=30, quiet=True, traffic=Traffic())
+
+
+def test_a_frame_declared_over_the_limit_is_refused_before_it_is_read(tmp_path):
+    traffic = Traffic()
+    r = traffic.start(1, directory=str(tmp_path))
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(r.address)
+        relay._send(s, {"op": "hello", "rank": 0})
+        s.sendall(struct.pack("!II", 10, 1_500_000_000))  # 1.4 GB declared, never sent
+        s.settimeout(10)
+        assert s.recv(1) == b"", "the relay should hang up on a frame over its limit"
+    finally:
+        r.stop()
+    assert traffic.calls == []
