@@ -54,6 +54,11 @@ def find_course_root(explicit: Path | str | None = None, start: Path | str | Non
                        "grader/nbgrader_config.py) or pass --course-root DIR")
 
 
+def cell_meta(cell) -> dict:
+    """A cell's nbgrader metadata (grade_id, grade, solution, locked, points), {} for a cell without."""
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
 def split_hidden(source: str) -> tuple[list[str], list[str]]:
     """(lines outside, lines inside) a cell's hidden-test region; the marker lines belong to neither."""
     visible, hidden, inside = [], [], False

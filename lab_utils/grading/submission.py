@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lab_utils.grading import gradebook
 from lab_utils.grading.files import SubmissionError, copy_submission, regular_notebook
-from lab_utils.grading.course import WORK, split_hidden
+from lab_utils.grading.course import WORK, cell_meta, split_hidden
 from lab_utils.grading.nbgrader_run import run_nbgrader
 from lab_utils.grading.sandbox import ENVIRONMENT
 
@@ -104,7 +104,7 @@ def _tampered_cells(submitted_nb: Path, template: Path, lab: str) -> list[str]:
     out = []
     with Gradebook(gradebook.db_url(template)) as gb:
         for cell in nb.cells:
-            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            gid = cell_meta(cell).get("grade_id")
             if not gid:
                 continue
             try:
@@ -127,7 +127,7 @@ def _failed_cells(autograded_nb: Path) -> list[str]:
         return []
     out = []
     for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = cell_meta(cell)
         if not meta.get("grade") or cell.cell_type != "code":
             continue
         for o in cell.get("outputs", []):

@@ -7,11 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from lab_utils.grading.course import SOLUTION_MARKERS, WORK
-
-
-def _nb(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
+from lab_utils.grading.course import SOLUTION_MARKERS, WORK, cell_meta
 
 
 def strip_solution_markers(source: str) -> str:
@@ -21,7 +17,7 @@ def strip_solution_markers(source: str) -> str:
 
 def solution_cells(source_nb) -> dict:
     """grade_id -> the student-ready source of every solution cell of a solutions/ notebook."""
-    return {_nb(c)["grade_id"]: strip_solution_markers(c["source"]) for c in source_nb.cells if _nb(c).get("solution")}
+    return {cell_meta(c)["grade_id"]: strip_solution_markers(c["source"]) for c in source_nb.cells if cell_meta(c).get("solution")}
 
 
 def fill_solutions(release_nb, source_nb, replace: dict | None = None):
@@ -29,8 +25,8 @@ def fill_solutions(release_nb, source_nb, replace: dict | None = None):
     answers = {**solution_cells(source_nb), **(replace or {})}
     nb = copy.deepcopy(release_nb)
     for cell in nb.cells:
-        gid = _nb(cell).get("grade_id")
-        if _nb(cell).get("solution") and gid in answers:
+        gid = cell_meta(cell).get("grade_id")
+        if cell_meta(cell).get("solution") and gid in answers:
             cell["source"] = answers[gid]
     return nb
 
@@ -38,7 +34,7 @@ def fill_solutions(release_nb, source_nb, replace: dict | None = None):
 def without_demos(nb):
     """The notebook without its demo cells (code cells with no nbgrader metadata: student-writable, never graded,
     and no test may depend on them); what a student who deleted the demos submits."""
-    nb.cells = [c for c in nb.cells if c.cell_type != "code" or _nb(c)]
+    nb.cells = [c for c in nb.cells if c.cell_type != "code" or cell_meta(c)]
     return nb
 
 

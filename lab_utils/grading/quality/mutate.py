@@ -243,7 +243,7 @@ def lab_mutants(source_nb) -> list[Mutant]:
     """The mutants of every solution cell of a solutions/ notebook, in notebook order."""
     out = []
     for cell in source_nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = grading.course.cell_meta(cell)
         if cell.get("cell_type") == "code" and meta.get("solution"):
             out.extend(cell_mutants(meta["grade_id"], cell["source"]))
     return out

@@ -83,12 +83,14 @@ def _error_lines(course_root: Path, student: str, lab: str) -> dict:
     """grade_id -> the error nbgrader recorded in the autograded notebook (or the stderr it scored as failed)."""
     import nbformat
 
+    from lab_utils.grading.course import cell_meta
+
     path = course_root / "grader" / "work" / "autograded" / student / lab / f"{lab}.ipynb"
     if not path.is_file():
         return {}
     out = {}
     for cell in nbformat.read(str(path), as_version=4).cells:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        gid = cell_meta(cell).get("grade_id")
         if not gid or cell.get("cell_type") != "code":
             continue
         for o in cell.get("outputs", []):

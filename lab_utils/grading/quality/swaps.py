@@ -31,7 +31,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from lab_utils.grading.quality.build import solution_cells, without_demos
-from lab_utils.grading.course import find_course_root
+from lab_utils.grading.course import cell_meta, find_course_root
 from lab_utils.grading.split.execute import GRADER, SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
 
 CELL_TIMEOUT_S = 120
@@ -69,12 +69,8 @@ class SwapReport:
     seconds: float
 
 
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
 def _graded(cell) -> bool:
-    return bool(_meta(cell).get("grade") and _meta(cell).get("points") is not None and not _meta(cell).get("solution"))
+    return bool(cell_meta(cell).get("grade") and cell_meta(cell).get("points") is not None and not cell_meta(cell).get("solution"))
 
 
 def session_notebook(source_nb):
@@ -83,8 +79,8 @@ def session_notebook(source_nb):
     answers = solution_cells(source_nb)
     nb = without_demos(copy.deepcopy(source_nb))
     for cell in nb.cells:
-        if _meta(cell).get("solution"):
-            cell.source = answers[_meta(cell)["grade_id"]]
+        if cell_meta(cell).get("solution"):
+            cell.source = answers[cell_meta(cell)["grade_id"]]
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     return nb
@@ -93,7 +89,7 @@ def session_notebook(source_nb):
 def release_swap(lab: str, root: Path | str | None = None) -> Swap:
     """The untouched release: every answer cell as ``labs/`` ships it (its stub)."""
     rel = nbformat.read(str(find_course_root(root) / "labs" / lab / f"{lab}.ipynb"), as_version=4)
-    return Swap("release", {_meta(c)["grade_id"]: c.source for c in rel.cells if _meta(c).get("solution")})
+    return Swap("release", {cell_meta(c)["grade_id"]: c.source for c in rel.cells if cell_meta(c).get("solution")})
 
 
 class SwapSession(SplitExecute):
@@ -125,12 +121,12 @@ class SwapSession(SplitExecute):
     # -------------------------------------------------------------------------------------------- internals
     def _span(self, swap: Swap) -> range:
         cells = self.nb.cells
-        first = [i for i, c in enumerate(cells) if _meta(c).get("solution") and _meta(c)["grade_id"] in swap.answers]
+        first = [i for i, c in enumerate(cells) if cell_meta(c).get("solution") and cell_meta(c)["grade_id"] in swap.answers]
         if not first:
             raise ValueError(f"swap {swap.name!r} names no answer cell of this lab: {sorted(swap.answers)}")
         last = len(cells) - 1
         if swap.until:
-            ends = [i for i, c in enumerate(cells) if _meta(c).get("grade_id") == swap.until]
+            ends = [i for i, c in enumerate(cells) if cell_meta(c).get("grade_id") == swap.until]
             if not ends:
                 raise ValueError(f"swap {swap.name!r}: no graded cell {swap.until!r}")
             last = ends[-1]
@@ -145,7 +141,7 @@ class SwapSession(SplitExecute):
             if cell.cell_type != "code":
                 continue
             run = copy.deepcopy(cell)
-            gid = _meta(cell).get("grade_id")
+            gid = cell_meta(cell).get("grade_id")
             if self.routes[i] == STUDENT and gid in answers:
                 run.source = STUDENT_MAGIC + answers[gid]
             t = time.monotonic()
@@ -201,7 +197,7 @@ class SwapSession(SplitExecute):
                 continue
             run = copy.deepcopy(cell)
             self._execute_copy(run, i)
-            errors += [f"{_meta(cell).get('grade_id', cell.get('id'))}: {o.get('ename')}: {o.get('evalue')}"
+            errors += [f"{cell_meta(cell).get('grade_id', cell.get('id'))}: {o.get('ename')}: {o.get('evalue')}"
                        for o in run.outputs if o.get("output_type") == "error"]
         return errors
 

@@ -28,8 +28,9 @@ from nbgrader.preprocessors import Execute
 from traitlets import Unicode
 
 from lab_utils import settings
-from lab_utils.grading.split.kernels import PrivateSocketKernelManager
+from lab_utils.grading.course import cell_meta
 from lab_utils.grading.sandbox import ENVIRONMENT
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
 
 GRADER, SHARED, STUDENT = "grader", "shared", "student"
@@ -56,10 +57,6 @@ class SandboxNotStarted(RuntimeError):
 STUDENT_MAGIC = "%%student\n"
 
 
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
 def routes(nb, resources=None) -> list[str | None]:
     """The route of every cell (None for markdown/raw cells)."""
     info = (resources or {}).get("nbgrader") or {}
@@ -71,7 +68,7 @@ def routes(nb, resources=None) -> list[str | None]:
         known = {}
         with Gradebook(db_url) as gb:
             for cell in nb.cells:
-                gid = _meta(cell).get("grade_id")
+                gid = cell_meta(cell).get("grade_id")
                 if not gid or gid in known:
                     continue
                 try:
@@ -94,7 +91,7 @@ def routes(nb, resources=None) -> list[str | None]:
         if cell.cell_type != "code":
             out.append(None)
             continue
-        m = _meta(cell)
+        m = cell_meta(cell)
         if known is not None:
             graded, solution, locked = known.get(m.get("grade_id"), (False, True, False))
         else:

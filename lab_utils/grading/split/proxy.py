@@ -271,10 +271,9 @@ def dumps(obj) -> bytes:
 class StudentProxy:
     """Stands in, in the grader, for a callable the student defined; see the module docstring."""
 
-    def __init__(self, name: str, kind: str, type_name: str):
+    def __init__(self, name: str, kind: str):
         self.__name__ = self.__qualname__ = name
         self._kind = kind
-        self._type_name = type_name
 
     def __call__(self, *args, **kwargs):
         payload = dumps((args, kwargs))
@@ -360,7 +359,7 @@ def _bind_names(shell, names: dict) -> None:
         if name in ns and not isinstance(current, (StudentProxy, StudentValue)) and name not in _STUDENT_VALUES:
             continue  # a course name (import, check, reference, test helper): never replaced
         if info.get("kind") in ("callable", "class"):
-            ns[name] = StudentProxy(name, info["kind"], info.get("type", "?"))
+            ns[name] = StudentProxy(name, info["kind"])
             _STUDENT_VALUES.discard(name)
         elif "plain" in info:
             ns[name] = plaindata.decode(info["plain"])
