@@ -130,3 +130,99 @@ def test_a_frame_declared_over_the_limit_is_refused_before_it_is_read(tmp_path):
     finally:
         r.stop()
     assert traffic.calls == []
+
+
+def _fifo_and_order(n):
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 0:  # n isends to one peer, back to back, then a recv: the relay must keep both their order and ours
+        reqs = [dist.isend(torch.full((3,), float(i)), 1) for i in range(n)]
+        got = torch.empty(1)
+        dist.recv(got, 1)
+        for r in reqs:
+            r.wait()
+        return got
+    early = torch.ones(1)
+    dist.send(early, 0)  # rank 1 sends first: rank 0's recv is answered at once, yet it comes after rank 0's isends
+    outs = [torch.empty(3) for _ in range(n)]
+    reqs = [dist.irecv(o, 0) for o in outs]
+    for r in reqs:
+        r.wait()
+    return [o[0].item() for o in outs]
+
+
+def test_messages_between_two_ranks_keep_their_order_and_calls_are_recorded_in_the_rank_s_order():
+    traffic = Traffic(keep_data=True)
+    res = launch(_fifo_and_order, world_size=2, timeout=60, quiet=True, args=(60,), traffic=traffic)
+    assert res[1] == [float(i) for i in range(60)], "two isends to one peer overtook each other"
+    assert [c.op for c in traffic.select(rank=0)] == ["send"] * 60 + ["recv"]
+    assert [traffic.tensor(c)[0].item() for c in traffic.select("send", rank=0)] == [float(i) for i in range(60)]
+    assert [c.op for c in traffic.select(rank=1)] == ["send"] + ["recv"] * 60
+
+
+def _collective_inputs():
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    out = [torch.empty(1, dtype=torch.int32) for _ in range(2)]
+    dist.all_gather(out, torch.tensor([10 * rank], dtype=torch.int32))
+    return t
+
+
+def test_keep_data_keeps_what_each_rank_handed_to_a_collective():
+    traffic = Traffic(keep_data=True)
+    res = launch(_collective_inputs, world_size=2, timeout=60, quiet=True, traffic=traffic)
+    assert all(torch.equal(r, torch.full((2,), 3.0)) for r in res)
+    for r in range(2):
+        (reduce_call,) = traffic.select("allreduce", rank=r)
+        assert torch.equal(traffic.tensor(reduce_call), torch.full((2,), float(r + 1)))
+        (gather_call,) = traffic.select("allgather", rank=r)
+        assert gather_call.nbytes == 4 and torch.equal(traffic.tensor(gather_call), torch.tensor([10 * r], dtype=torch.int32))
+
+
+def test_a_second_connection_in_a_joined_rank_s_name_is_refused(tmp_path):
+    traffic = Traffic()
+    r = traffic.start(1, directory=str(tmp_path))
+    try:
+        first, second = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
+        first.connect(r.address)
+        relay._send(first, {"op": "hello", "rank": 0})
+        first.settimeout(10)
+        relay._send(first, {"id": 1, "op": "barrier", "group": [0], "seq": 1})
+        assert relay._recv(first)[0] == {"id": 1, "error": None}
+        second.connect(r.address)
+        relay._send(second, {"op": "hello", "rank": 0})
+        relay._send(second, {"id": 2, "op": "barrier", "group": [0], "seq": 2})
+        second.settimeout(10)
+        try:
+            hung_up = second.recv(1) == b""
+        except ConnectionResetError:  # closed with our call unread
+            hung_up = True
+        assert hung_up, "a call made in the name of a rank that already joined must be refused"
+    finally:
+        r.stop()
+    assert [c.op for c in traffic.calls] == ["barrier"]
+
+
+def test_a_send_outside_the_group_or_to_oneself_is_named(tmp_path):
+    traffic = Traffic()
+    r = traffic.start(2, directory=str(tmp_path))
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(r.address)
+        s.settimeout(10)
+        relay._send(s, {"op": "hello", "rank": 0})
+        relay._send(s, {"id": 1, "op": "send", "group": [0, 1], "peer": 5, "dtype": "float32", "shape": [1]}, b"\0" * 4)
+        assert "not in its group" in relay._recv(s)[0]["error"]
+        relay._send(s, {"id": 2, "op": "send", "group": [0, 1], "peer": 0, "dtype": "float32", "shape": [1]}, b"\0" * 4)
+        assert "itself" in relay._recv(s)[0]["error"]
+        relay._send(s, {"id": 3, "op": "recv", "group": [0, 1], "peer": "x", "nbytes": 4})
+        assert "malformed" in relay._recv(s)[0]["error"]
+    finally:
+        r.stop()
+    assert traffic.calls == []

@@ -54,19 +54,22 @@ class Call:
     dtype: str
     shape: tuple
     tag: int = 0
-    data: bytes = field(default=b"", repr=False, compare=False)  # what was sent, when ``Traffic(keep_data=True)``
+    data: bytes = field(default=b"", repr=False, compare=False)  # what the caller handed over (a send's message, a
+    # collective's input), when ``Traffic(keep_data=True)``
 
 
 class Traffic:
     """What the ranks of one or more launches sent; pass it to ``launch(..., traffic=...)``.
 
-    ``calls`` holds every call in the order the relay received it (each rank's own calls stay in that rank's
-    order). ``count`` and ``bytes`` filter them by op, rank, group and peer.
+    ``calls`` holds every call in the order the relay received it: a call is recorded when its frame arrives,
+    before it is served, so each rank's own calls stay in the order the rank made them (an ``isend`` followed by a
+    ``recv`` stays in that order even when the recv is answered first). ``count`` and ``bytes`` filter them by op,
+    rank, group and peer.
     """
 
     def __init__(self, keep_data: bool = False):
         self.calls: list[Call] = []
-        self.keep_data = keep_data  # keep the bytes of every send, so a test can check what a message carried
+        self.keep_data = keep_data  # keep what every send and collective carried, so a test can check its content
         self._lock = threading.Lock()
 
     def record(self, call: Call) -> None:
@@ -90,7 +93,7 @@ class Traffic:
         return sum(c.nbytes for c in self.select(op, rank, group, peer))
 
     def tensor(self, call: Call):
-        """What a send carried (``keep_data``), as a tensor of its dtype and shape."""
+        """What a send or a collective's caller handed over (``keep_data``), as a tensor of its dtype and shape."""
         return _tensor(call.data, call.dtype, call.shape)
 
     def start(self, world_size: int, directory: str | None = None) -> Relay:
@@ -185,7 +188,9 @@ class Relay:
         self.address = os.path.join(folder, f".dtlabs-relay-{os.getpid()}-{id(self):x}.sock")
         self._cond = threading.Condition()
         self._pending: dict = {}  # (group, seq) -> {"in": {rank: (header, payload)}, "out": ..., "done": set()}
-        self._mail: dict = {}  # (src, dst, tag, group) -> [(header, payload)]
+        self._mail: dict = {}  # (src, dst, tag, group) -> [payload]: sent, not yet received
+        self._waiting: dict = {}  # (src, dst, tag, group) -> [slot]: recvs posted, not yet matched
+        self._joined: set = set()  # ranks that said hello
         self._buffered = 0
         self._conns: list[socket.socket] = []
         self._stopped = False
@@ -230,6 +235,9 @@ class Relay:
             threading.Thread(target=self._serve, args=(conn,), name="dtlabs-relay-conn", daemon=True).start()
 
     def _serve(self, conn) -> None:
+        """One rank's connection. Frames are read, described and recorded here, in the order the rank sent them;
+        sends are posted to the mailbox and recvs queued here too, so that messages between two ranks never overtake
+        each other (two ``isend`` calls to one peer arrive in their order, whatever the threads that answer them do)."""
         lock = threading.Lock()
         rank = None
         try:
@@ -241,8 +249,23 @@ class Relay:
                     rank = header.get("rank")
                     if header.get("op") != "hello" or not isinstance(rank, int) or not 0 <= rank < self.world_size:
                         return
+                    with self._cond:
+                        if rank in self._joined:  # one connection per rank: no call is made in another rank's name
+                            return
+                        self._joined.add(rank)
                     continue
-                threading.Thread(target=self._call, args=(conn, lock, rank, header, payload), daemon=True).start()
+                try:
+                    call = self._describe(rank, header, payload)
+                    self.traffic.record(call)
+                    if call.op == "send":
+                        self._post(call, payload)
+                        self._reply(conn, lock, header)
+                        continue
+                    slot = self._queue_recv(call) if call.op == "recv" else None
+                except RelayError as exc:
+                    self._reply(conn, lock, header, error=str(exc))
+                    continue
+                threading.Thread(target=self._call, args=(conn, lock, call, header, payload, slot), daemon=True).start()
         except (OSError, RelayError, ValueError):
             return
         finally:
@@ -255,9 +278,9 @@ class Relay:
         except OSError:
             pass
 
-    def _call(self, conn, lock, rank, header, payload) -> None:
+    def _call(self, conn, lock, call, header, payload, slot) -> None:
         try:
-            out = self._serve_call(rank, header, payload)
+            out = self._wait_recv(call, slot) if call.op == "recv" else self._serve_collective(call, header, payload)
             self._reply(conn, lock, header, out)
         except RelayError as exc:
             self._reply(conn, lock, header, error=str(exc))
@@ -269,46 +292,79 @@ class Relay:
             raise RelayError(f"the relay holds more than {MAX_BUFFERED >> 20} MB of undelivered messages")
         self._buffered += n
 
-    def _serve_call(self, rank, h, payload) -> bytes:
+    def _describe(self, rank, h, payload) -> Call:
+        """The ``Call`` a frame makes, checked: a known op, on a group the caller is in, to a peer in that group."""
         op = h.get("op")
         if op not in OPS:
             raise RelayError(f"unknown relay call {op!r}")
-        group = tuple(int(r) for r in h.get("group", ()))
+        try:
+            group = tuple(int(r) for r in h.get("group", ()))
+            peer = h.get("peer")
+            if "root" in h:  # rooted collectives: the root's global rank
+                root = int(h["root"])
+                peer = group[root] if 0 <= root < len(group) else None
+            elif peer is not None:
+                peer = int(peer)
+            shape = tuple(int(s) for s in h.get("shape", ()))
+            nbytes = len(payload) if op != "recv" else int(h.get("nbytes", 0))
+            tag = int(h.get("tag", 0))
+        except (TypeError, ValueError) as exc:
+            raise RelayError(f"a malformed {op} call from rank {rank}: {exc}") from None
         if rank not in group:
             raise RelayError(f"rank {rank} called {op} on a group it is not in: {group}")
-        peer = h.get("peer")
-        if "root" in h:  # rooted collectives: the root's global rank
-            peer = group[int(h["root"])] if 0 <= int(h["root"]) < len(group) else None
-        shape = tuple(int(s) for s in h.get("shape", ()))
-        call = Call(rank, op, group, peer, len(payload) if op != "recv" else int(h.get("nbytes", 0)),
-                    str(h.get("dtype", "")), shape, int(h.get("tag", 0)),
-                    payload if op == "send" and self.traffic.keep_data else b"")
-        if op == "send":
-            self.traffic.record(call)
-            with self._cond:
-                self._hold(len(payload))
-                self._mail.setdefault((rank, peer, call.tag, group), []).append((h, payload))
-                self._cond.notify_all()
-            return b""
-        if op == "recv":
-            key = (peer, rank, call.tag, group)
-            with self._cond:
-                while not self._mail.get(key):
-                    if self._stopped:
-                        raise RelayError("the launch ended")
-                    self._cond.wait(0.5)
-                _sh, data = self._mail[key].pop(0)
-                self._buffered -= len(data)
-            if len(data) != call.nbytes:
-                raise RelayError(f"rank {rank} called recv for {call.nbytes} bytes from rank {peer}, which sent "
-                                 f"{len(data)} bytes: the tensors on the two sides differ in size or dtype")
-            self.traffic.record(call)
-            return data
-        self.traffic.record(call)
+        if op in ("send", "recv") and peer not in group:
+            raise RelayError(f"rank {rank} called {op} with peer {peer}, which is not in its group {group}")
+        if op in ("send", "recv") and peer == rank:
+            raise RelayError(f"rank {rank} called {op} with itself as the peer")
+        keep = self.traffic.keep_data and op != "recv"
+        return Call(rank, op, group, peer, nbytes, str(h.get("dtype", "")), shape, tag, payload if keep else b"")
+
+    def _post(self, call, payload) -> None:
+        """A send: into the mailbox of (sender, receiver, tag, group), or straight to the oldest recv waiting for it."""
+        with self._cond:
+            self._hold(len(payload))
+            key = (call.rank, call.peer, call.tag, call.group)
+            self._mail.setdefault(key, []).append(payload)
+            self._match(key)
+            self._cond.notify_all()
+
+    def _queue_recv(self, call) -> dict:
+        """A recv, queued behind the earlier recvs of the same (sender, receiver, tag, group) in the order they came."""
+        slot = {"data": None}
+        with self._cond:
+            key = (call.peer, call.rank, call.tag, call.group)
+            self._waiting.setdefault(key, []).append(slot)
+            self._match(key)
+        return slot
+
+    def _match(self, key) -> None:  # under self._cond: oldest message to oldest recv
+        mail, waiting = self._mail.get(key), self._waiting.get(key)
+        while mail and waiting:
+            slot = waiting.pop(0)
+            slot["data"] = mail.pop(0)
+            self._buffered -= len(slot["data"])
+
+    def _wait_recv(self, call, slot) -> bytes:
+        with self._cond:
+            while slot["data"] is None:
+                if self._stopped:
+                    raise RelayError("the launch ended")
+                self._cond.wait(0.5)
+        data = slot["data"]
+        if len(data) != call.nbytes:
+            raise RelayError(f"rank {call.rank} called recv for {call.nbytes} bytes from rank {call.peer}, which sent "
+                             f"{len(data)} bytes: the tensors on the two sides differ in size or dtype")
+        return data
+
+    def _serve_collective(self, call, h, payload) -> bytes:
+        group, rank = call.group, call.rank
         key = (group, int(h.get("seq", 0)))
         with self._cond:
             self._hold(len(payload))
             slot = self._pending.setdefault(key, {"in": {}, "out": None, "done": set()})
+            if rank in slot["in"]:
+                self._buffered -= len(payload)
+                raise RelayError(f"rank {rank} made collective call {key[1]} on group {group} twice")
             slot["in"][rank] = (h, payload)
             if len(slot["in"]) == len(group):
                 try:
