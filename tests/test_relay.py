@@ -226,3 +226,46 @@ def test_a_send_outside_the_group_or_to_oneself_is_named(tmp_path):
     finally:
         r.stop()
     assert traffic.calls == []
+
+
+def _callback_waits_for_another_call():
+    import torch
+    import torch.distributed as dist
+
+    first = torch.ones(2)
+
+    def then(fut):  # a callback that waits for a second collective, as PowerSGD's hook does
+        second = fut.value()[0] * 2
+        dist.all_reduce(second, async_op=True).get_future().wait()
+        return second
+
+    return dist.all_reduce(first, async_op=True).get_future().then(then).wait()
+
+
+def test_a_future_callback_may_wait_for_another_call():
+    res = launch(_callback_waits_for_another_call, world_size=2, timeout=30, quiet=True, traffic=Traffic())
+    assert all(torch.equal(r, torch.full((2,), 8.0)) for r in res)
+
+
+def _powersgd_steps():
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 4, bias=False))
+    model.register_comm_hook(powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                    start_powerSGD_iter=2), powerSGD.powerSGD_hook)
+    torch.manual_seed(dist.get_rank())
+    for _ in range(4):
+        model(torch.randn(5, 8)).sum().backward()
+    return model.module.weight.grad
+
+
+def test_ddp_with_the_powersgd_hook_runs_on_the_relay():
+    traffic = Traffic()
+    res = launch(_powersgd_steps, world_size=2, timeout=60, quiet=True, traffic=traffic)
+    assert torch.equal(res[0], res[1])
+    # two plain all-reduces, then in each compressed step the (empty) uncompressed rest, P and Q
+    assert traffic.count("allreduce", rank=0) == 2 + 3 * 2, [c.op for c in traffic.select(rank=0)]

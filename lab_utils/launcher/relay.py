@@ -490,13 +490,18 @@ class _Connection:
                 fut, done = self.pending.pop(header.get("id"), (None, None))
                 if fut is None:
                     continue
+                value, failure = None, None
                 if header.get("error"):
-                    fut.set_exception(RelayError(header["error"]))
-                    continue
-                try:
-                    fut.set_result(done(payload))
-                except Exception as exc:  # noqa: BLE001 - the rank's call raises it
-                    fut.set_exception(exc)
+                    failure = RelayError(header["error"])
+                else:
+                    try:
+                        value = done(payload)
+                    except Exception as exc:  # noqa: BLE001 - the rank's call raises it
+                        failure = exc
+                # Completed on a thread of its own: a future's callbacks run where it completes, and a callback may
+                # wait for another call of ours (PowerSGD's hook does), whose reply only this thread can read.
+                threading.Thread(target=_complete, args=(fut, value, failure), name="dtlabs-relay-done",
+                                 daemon=True).start()
         except (OSError, RelayError) as exc:
             error = f"lost the relay: {exc}"
         for fut, _ in list(self.pending.values()):
@@ -513,6 +518,13 @@ class _Connection:
             self.pending[i] = (fut, done)
             _send(self.sock, {"id": i, **header}, payload)
         return _work_class()(fut)
+
+
+def _complete(fut, value, failure) -> None:
+    if failure is not None:
+        fut.set_exception(failure)
+    else:
+        fut.set_result(value)
 
 
 _connection: _Connection | None = None
