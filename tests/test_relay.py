@@ -269,3 +269,22 @@ def test_ddp_with_the_powersgd_hook_runs_on_the_relay():
     assert torch.equal(res[0], res[1])
     # two plain all-reduces, then in each compressed step the (empty) uncompressed rest, P and Q
     assert traffic.count("allreduce", rank=0) == 2 + 3 * 2, [c.op for c in traffic.select(rank=0)]
+
+
+def _broadcast_parameters():
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(dist.get_rank())
+    layer = torch.nn.Linear(3, 2)
+    with torch.no_grad():  # as a data-parallel wrapper starts: rank 0's weights everywhere (leaves that require grad)
+        for p in layer.parameters():
+            dist.broadcast(p, src=0)
+    return [p.detach().clone() for p in layer.parameters()]
+
+
+def test_a_parameter_can_be_received_into():
+    res = launch(_broadcast_parameters, world_size=2, timeout=30, quiet=True, traffic=Traffic())
+    torch.manual_seed(0)
+    want = [p.detach() for p in torch.nn.Linear(3, 2).parameters()]
+    assert all(torch.equal(a, b) for r in res for a, b in zip(r, want))

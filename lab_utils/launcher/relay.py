@@ -565,10 +565,11 @@ def _group_class():
     def fill(tensors):  # copy a reply into the caller's tensor(s); the future's value is the tensor list
         def done(payload):
             offset = 0
-            for t in tensors:
-                n = t.numel() * t.element_size()
-                t.copy_(_tensor(payload[offset:offset + n], dtype_name(t), list(t.shape)))
-                offset += n
+            with torch.no_grad():  # as a backend writes: a parameter (a leaf that requires grad) can be received into
+                for t in tensors:
+                    n = t.numel() * t.element_size()
+                    t.copy_(_tensor(payload[offset:offset + n], dtype_name(t), list(t.shape)))
+                    offset += n
             return tensors
         return done
 
@@ -633,9 +634,10 @@ def _group_class():
             def done(p):
                 fill([flat])(p)
                 off = 0
-                for t in tensors:
-                    t.copy_(flat[off:off + t.numel()].view_as(t))
-                    off += t.numel()
+                with torch.no_grad():
+                    for t in tensors:
+                        t.copy_(flat[off:off + t.numel()].view_as(t))
+                        off += t.numel()
                 return tensors
             return self._call("allreduce", [flat], done, reduce=reduce_name(opts))
 
