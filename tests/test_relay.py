@@ -288,3 +288,57 @@ def test_a_parameter_can_be_received_into():
     torch.manual_seed(0)
     want = [p.detach() for p in torch.nn.Linear(3, 2).parameters()]
     assert all(torch.equal(a, b) for r in res for a, b in zip(r, want))
+
+
+def _into_tensor_ops():
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered = torch.empty(2 * world)
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)))
+    scattered = torch.empty(2)
+    dist.reduce_scatter_tensor(scattered, torch.arange(2.0 * world) + rank)
+    return gathered, scattered
+
+
+def test_all_gather_into_tensor_and_reduce_scatter_tensor():
+    # torch 2.13 routes both through the group's all_gather_single / reduce_scatter_single
+    traffic = Traffic()
+    res = launch(_into_tensor_ops, world_size=2, timeout=30, quiet=True, traffic=traffic)
+    for r, (gathered, scattered) in enumerate(res):
+        assert torch.equal(gathered, torch.tensor([0.0, 0.0, 1.0, 1.0]))
+        assert torch.equal(scattered, torch.tensor([1.0, 3.0]) + 4 * r)
+    assert traffic.count("allgather", rank=0) == 1 and traffic.count("reduce_scatter", rank=0) == 1
+
+
+def _fsdp_step():
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    fully_shard(model[0])
+    fully_shard(model)
+    torch.manual_seed(1)
+    x = torch.randn(4, 6)[dist.get_rank()::2]
+    dist.barrier()
+    model(x).pow(2).sum().backward()
+    dist.barrier()
+    return [p.grad.full_tensor() for p in model.parameters()]
+
+
+def test_fsdp2_runs_on_the_relay_one_all_gather_per_unit():
+    traffic = Traffic()
+    res = launch(_fsdp_step, world_size=2, timeout=60, quiet=True, traffic=traffic)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    torch.manual_seed(1)
+    model(torch.randn(4, 6)).pow(2).sum().backward()
+    for r in range(2):  # FSDP averages over ranks: the sum over the whole batch, divided by 2
+        assert all(torch.allclose(g, p.grad / 2, atol=1e-6) for g, p in zip(res[r], model.parameters()))
+    calls = traffic.select(rank=0)
+    cuts = [i for i, c in enumerate(calls) if c.op == "barrier"]
+    step = [c.op for c in calls[cuts[0] + 1:cuts[1]]]
+    assert step.count("allgather") >= 2 and step.count("reduce_scatter") == 2, step  # two units: the root, model[0]

@@ -656,6 +656,19 @@ def _group_class():
         def _allgather_base(self, output, input, opts=None):
             return self._call("allgather", [input], fill([output]))
 
+        def all_gather_single(self, output, input, opts=None):  # torch >= 2.13: all_gather_into_tensor calls this
+            return self._allgather_base(output, input, opts)
+
+        def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+            return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+        def allgather_coalesced(self, output_lists, inputs, opts=None):
+            work = None
+            for outs, i in zip(output_lists, inputs):
+                work = self.allgather([outs], [i], opts)
+                work.wait()
+            return work
+
         def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
             work = None
             for o, i in zip(outputs, inputs):
@@ -684,6 +697,12 @@ def _group_class():
 
         def _reduce_scatter_base(self, output, input, opts=None):
             return self._call("reduce_scatter", [input.reshape(-1)], fill([output]), reduce=reduce_name(opts))
+
+        def reduce_scatter_single(self, output, input, opts=None):  # torch >= 2.13: reduce_scatter_tensor calls this
+            return self._reduce_scatter_base(output, input, opts)
+
+        def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+            return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
         def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
             work = None
