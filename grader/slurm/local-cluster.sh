@@ -25,7 +25,7 @@ need_root() { [ "$(id -u)" = 0 ] || die "$1 needs root (it starts munged, slurmc
 pidfile() { if [ "$1" = munged ]; then echo /run/munge/munged.pid; else echo "$STATE/$1.pid"; fi; }
 running() { [ -f "$(pidfile "$1")" ] && kill -0 "$(cat "$(pidfile "$1")")" 2>/dev/null; }
 
-install() {
+cmd_install() {
     need_root install
     if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
             && command -v sbatch >/dev/null; then
@@ -91,7 +91,7 @@ start_munge() {
     munge -n </dev/null | unmunge >/dev/null || die "munged does not answer (see /var/log/munge/munged.log)"
 }
 
-up() {
+cmd_up() {
     need_root up
     command -v slurmctld >/dev/null || die "Slurm is not installed: run '$0 install' first"
     local t0=$SECONDS
@@ -116,7 +116,7 @@ up() {
     echo "local-cluster: up in $(( SECONDS - t0 )) s: partition $PARTITION, node $NODE ($(SLURM_CONF=$CONF sinfo -h -n "$NODE" -o '%c CPUs, %m MB')), config $CONF"
 }
 
-down() {
+cmd_down() {
     need_root down
     local d pid jobs
     # cancel what is still queued or running first, so no job step outlives the daemons
@@ -140,7 +140,7 @@ down() {
     echo "local-cluster: down"
 }
 
-status() {
+cmd_status() {
     local d
     for d in munged slurmctld slurmd; do
         if running "$d"; then echo "$d: running (pid $(cat "$(pidfile "$d")"))"; else echo "$d: not running"; fi
@@ -149,9 +149,9 @@ status() {
 }
 
 case "${1:-}" in
-    install) install ;;
-    up) up ;;
-    down) down ;;
-    status) status ;;
+    install) cmd_install ;;
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
     *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
 esac

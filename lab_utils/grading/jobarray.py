@@ -15,8 +15,9 @@ Only ``prepare`` and ``merge`` write the course (its gradebook and ``graded.json
 writes nothing but its own folder. A task that is rerun or requeued starts from an empty folder, so a crash
 leaves no result rather than an old one. ``merge`` expects every student of the roster: one whose task never
 wrote a result (cancelled, out of time, node lost) is NOT GRADED with what its task record and log say, never
-missing. It records what it merged in ``graded.json`` as ``dtlabs grade`` does, so a later ``dtlabs grade``
-regrades only what the array did not grade.
+missing, unless the gradebook already holds the grade of that very submission (``dtlabs grade`` or an earlier
+merge graded it, and it has not changed since), which then stands. It records what it merged in ``graded.json`` as
+``dtlabs grade`` does, so a later ``dtlabs grade`` regrades only what the array did not grade.
 """
 from __future__ import annotations
 
@@ -203,7 +204,7 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
         out(f"nothing to merge: no <lab>/ folder under {results} (grader/slurm/grade-class.sh or `dtlabs grade-one` "
             "writes one)")
         return 2
-    bad, merged = [], 0
+    bad, merged, kept = [], 0, 0
     for lab in labs:
         roster = expected_students(course_root, results, lab)
         if not roster:
@@ -220,6 +221,11 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
             sdir = results / lab / student
             info = _read_json(sdir / RESULT)
             key = f"{lab}/{student}"
+            if not (info or {}).get("graded") and manifest.get(key) == submission_digest(course_root, lab, student) \
+                    and gradebook.cell_scores(course_root, lab, student):
+                kept += 1  # graded since (dtlabs grade, an earlier merge) and unchanged: that grade stands
+                out(f"   {student}/{lab}: kept the grade of the unchanged submission (no new result in {sdir})")
+                continue
             if info is None:
                 why = missing_reason(results, lab, student)
             elif not info.get("graded"):
@@ -239,5 +245,6 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
             bad.append(key)
             out(f"   NOT GRADED: {student}/{lab} ({why})")
         gradebook.write_record(course_root, MANIFEST, manifest)
-    out(f"merged {merged} of {merged + len(bad)}" + (f"; NOT GRADED: {', '.join(bad)}" if bad else ""))
+    out(f"merged {merged} of {merged + kept + len(bad)}" + (f", kept {kept}" if kept else "") +
+        (f"; NOT GRADED: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0
