@@ -94,11 +94,12 @@ def train(args) -> dict:
         if args.fail_at_step is not None and step + 1 == args.fail_at_step and start == 0 and rank == world - 1:
             raise SystemExit(f"rank {rank}: failing at step {step + 1} on purpose (--fail-at-step)")
     where = [None] * world
-    dist.all_gather_object(where, {"rank": rank, "host": socket.gethostname(),
-                                   "agent": int(os.environ.get("GROUP_RANK", 0)), "device": str(device)})
+    # an agent counts the restarts its own workers' failures caused; the others restart with it uncounted
+    dist.all_gather_object(where, {"rank": rank, "host": socket.gethostname(), "device": str(device),
+                                   "agent": int(os.environ.get("GROUP_RANK", 0)),
+                                   "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))})
     result = {"world_size": world, "steps": args.steps, "resumed_from": start, "first_loss": first,
-              "final_loss": full_loss(model.cpu(), args.seed), "ranks": where,
-              "job": os.environ.get("SLURM_JOB_ID"), "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
+              "final_loss": full_loss(model.cpu(), args.seed), "ranks": where, "job": os.environ.get("SLURM_JOB_ID")}
     dist.barrier()
     dist.destroy_process_group()
     return result

@@ -143,6 +143,8 @@ def test_grading_array_equals_dtlabs_grade(course, slurm, capsys):
     # a requeued task grades again into its own folder, and the merge takes the new result
     before = json.loads((results / LAB / "good" / "result.json").read_text())
     run_as(TEACHER, ["scontrol", "requeue", f"{array_job}_0"])
+    # Slurm holds a requeued job for two minutes (BeginTime); its owner may start it now
+    run_as(TEACHER, ["scontrol", "update", f"JobId={array_job}_0", "StartTime=now"])
     wait_for(lambda: json.loads((results / LAB / "good" / "result.json").read_text()).get("finished")
              != before["finished"] if (results / LAB / "good" / "result.json").is_file() else False,
              300, "the requeued task's new result")
@@ -181,7 +183,7 @@ def test_train_sbatch_two_agents_restart_and_resume(course, slurm, capsys):
     assert f"checkpoints in {course}/checkpoints/{job_id}" in log, "checkpoints must be keyed by the job id"
     result = json.loads(out_file.read_text())
     assert result["world_size"] == 2 and sorted(r["agent"] for r in result["ranks"]) == [0, 1], result
-    assert result["restarts"] == 1 and result["resumed_from"] == 20, \
+    assert max(r["restarts"] for r in result["ranks"]) == 1 and result["resumed_from"] == 20, \
         f"the failure at step 25 should restart the workers, resuming from the step-20 checkpoint: {result}"
     ref = run_as(TEACHER, [course / ".venv" / "bin" / "python", "grader/slurm/train_lab.py", "--reference",
                            "--steps", "40"], cwd=course, env=env)
