@@ -24,6 +24,11 @@ except ImportError:  # run outside the course venv: use the package in this cour
     from lab_utils.grading.nbgrader_run import apply_nbgrader_config
 
 c = get_config()  # noqa: F821 - provided by traitlets when it executes this file
+# sqlite does not create folders: plain `nbgrader collect` in a fresh clone would fail with "unable to open database file"
+try:
+    os.makedirs(os.path.join(ROOT, WORK), exist_ok=True)
+except OSError:  # a read-only course (someone else's): nbgrader says what it cannot open
+    pass
 
 # The course's settings (all of them, with their meaning: `dtlabs settings`), for example:
 # c.DTLabs.cell_timeout = 180      # seconds a cell may run under autograde and validate

@@ -114,12 +114,12 @@ make_exchange() {
 cmd_up() {
     need_root up
     [ -x "$VENV/bin/jupyterhub" ] && [ -x "$PREFIX/node/bin/configurable-http-proxy" ] || die "not installed: run '$0 install' first"
-    if running; then echo "hub: already running (pid $(hub_pid)) on http://127.0.0.1:$PORT"; return 0; fi
     local t0=$SECONDS
     mkdir -p "$STATE"
     chmod 700 "$STATE"
     write_nbgrader_config
     make_exchange
+    if running; then echo "hub: already running (pid $(hub_pid)) on http://127.0.0.1:$PORT"; return 0; fi
     # root executes the hub's config: a root-owned copy, never the course folder's (its owner could edit it)
     install -m 600 "$HERE/jupyterhub_config.py" "$STATE/jupyterhub_config.py"
     (
