@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ def _class_folder(course: Path) -> None:
         "hangs": grading.fill_solutions(rel, src, {"ring_all_reduce": hang}),
         "late": grading.fill_solutions(rel, src),
     }
+    shutil.rmtree(course / "grader" / "work" / "submitted", ignore_errors=True)  # this class only
     for student, nb in subs.items():
         grading.submit(course, student, LAB, grading.without_demos(nb))
     subprocess.run(["chown", "-R", f"{TEACHER}:", str(course / "grader" / "work")], check=True)
