@@ -53,7 +53,9 @@ test-fast: bytecode  ## the tests that start no notebook, kernel or torchrun job
 test-deploy: bytecode  ## Slurm grading array + train.sbatch, JupyterHub + nbgrader exchange in Chromium (root; installs)
 	TORCH_SPEC="$(TORCH_SPEC)" bash .ci/install-deploy
 	@# exit 5 (no test collected) is not a failure here; a skip prints its reason (-ra)
+	@# and whatever happened to pytest, nothing the tests started keeps running (both scripts stop only their own)
 	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest tests/deploy -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+		if [ "$$(id -u)" = 0 ]; then grader/hub/hub.sh down >/dev/null 2>&1; grader/slurm/local-cluster.sh down >/dev/null 2>&1; fi; \
 		if [ $$rc = 5 ]; then echo "test-deploy: no deployment test was collected"; rc=0; fi; exit $$rc
 
 release: $(VENV)/.installed  ## regenerate labs/ from solutions/ with nbgrader (commit the result)
