@@ -24,11 +24,6 @@ except ImportError:  # run outside the course venv: use the package in this cour
     from lab_utils.grading.nbgrader_run import apply_nbgrader_config
 
 c = get_config()  # noqa: F821 - provided by traitlets when it executes this file
-# sqlite does not create folders: plain `nbgrader collect` in a fresh clone would fail with "unable to open database file"
-try:
-    os.makedirs(os.path.join(ROOT, WORK), exist_ok=True)
-except OSError:  # a read-only course (someone else's): nbgrader says what it cannot open
-    pass
 
 # The course's settings (all of them, with their meaning: `dtlabs settings`), for example:
 # c.DTLabs.cell_timeout = 180      # seconds a cell may run under autograde and validate
@@ -38,3 +33,8 @@ except OSError:  # a read-only course (someone else's): nbgrader says what it ca
 c.CourseDirectory.course_id = "dtlabs"
 
 apply_nbgrader_config(c, _COURSE)
+# sqlite creates no folder: plain `nbgrader collect` in a fresh clone would fail "unable to open database file"
+try:
+    os.makedirs(os.path.join(c.CourseDirectory.root, "grader", "work"), exist_ok=True)
+except OSError:  # a course this user cannot write: nbgrader says what it cannot open
+    pass
