@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import data, models
+from lab_utils.labkit import data, models
 
 IN_DIM, HIDDEN, SAMPLES = 8, 32, 4096
 
