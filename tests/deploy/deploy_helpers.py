@@ -42,11 +42,16 @@ def teacher_env(course: Path, **extra) -> dict:
                     JUPYTER_CONFIG_PATH=str(course / "grader"), **extra)
 
 
+def _as_user(user: str, argv: list, env) -> list:
+    """``argv`` run as ``user`` (runuser) with exactly ``env`` (default: ``user_env``)."""
+    return ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in (env or user_env(user)).items()], *argv]
+
+
 def run_as(user: str, cmd, *, cwd=None, env=None, timeout=600, check=True, **kw) -> subprocess.CompletedProcess:
     """``cmd`` (a list, or a string for bash) as ``user`` through runuser, in ``cwd`` (default: their home)."""
     argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(map(str, cmd))
-    full = ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in (env or user_env(user)).items()], *argv]
-    res = subprocess.run(full, cwd=str(cwd or home(user)), capture_output=True, text=True, timeout=timeout, **kw)
+    res = subprocess.run(_as_user(user, argv, env), cwd=str(cwd or home(user)), capture_output=True, text=True,
+                         timeout=timeout, **kw)
     if check and res.returncode != 0:
         shown = cmd if isinstance(cmd, str) else shlex.join(argv)
         raise AssertionError(f"as {user}: {shown}\nexit {res.returncode}\n--- stdout\n{res.stdout[-4000:]}\n"
@@ -55,10 +60,8 @@ def run_as(user: str, cmd, *, cwd=None, env=None, timeout=600, check=True, **kw)
 
 
 def popen_as(user: str, cmd: str, *, cwd=None, env=None, **kw) -> subprocess.Popen:
-    full = ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in (env or user_env(user)).items()],
-            "bash", "-c", cmd]
-    return subprocess.Popen(full, cwd=str(cwd or home(user)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **kw)
+    return subprocess.Popen(_as_user(user, ["bash", "-c", cmd], env), cwd=str(cwd or home(user)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def ensure_users(passwords: dict) -> None:
