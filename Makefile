@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 JOBS       ?= 3
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 
-.PHONY: help install bytecode lab test test-gpu test-fast release bench bench-grade doctor mutate stress stress-tests clean
+.PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade doctor mutate stress stress-tests clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,16 @@ test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); 
 
 test-fast: bytecode  ## the tests that start no notebook, kernel or torchrun job (under a minute)
 	$(PY) -m pytest -m "not slow and not browser" $(PARALLEL) $(PYTEST_ARGS)
+
+# Real users, a single-node Slurm and a JupyterHub with nbgrader's exchange on this machine (root only; they skip with
+# the reason elsewhere). .ci/install-deploy installs what they need; every daemon they start, they stop.
+test-deploy: bytecode  ## Slurm grading array + train.sbatch, JupyterHub + nbgrader exchange in Chromium (root; installs)
+	TORCH_SPEC="$(TORCH_SPEC)" bash .ci/install-deploy
+	@# exit 5 (no test collected) is not a failure here; a skip prints its reason (-ra)
+	@# and whatever happened to pytest, nothing the tests started keeps running (both scripts stop only their own)
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest tests/deploy -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+		if [ "$$(id -u)" = 0 ]; then grader/hub/hub.sh down >/dev/null 2>&1; grader/slurm/local-cluster.sh down >/dev/null 2>&1; fi; \
+		if [ $$rc = 5 ]; then echo "test-deploy: no deployment test was collected"; rc=0; fi; exit $$rc
 
 release: $(VENV)/.installed  ## regenerate labs/ from solutions/ with nbgrader (commit the result)
 	$(VENV)/bin/dtlabs release

@@ -33,3 +33,8 @@ c = get_config()  # noqa: F821 - provided by traitlets when it executes this fil
 c.CourseDirectory.course_id = "dtlabs"
 
 apply_nbgrader_config(c, _COURSE)
+# sqlite creates no folder: plain `nbgrader collect` in a fresh clone would fail "unable to open database file"
+try:
+    os.makedirs(os.path.join(c.CourseDirectory.root, "grader", "work"), exist_ok=True)
+except OSError:  # a course this user cannot write: nbgrader says what it cannot open
+    pass

@@ -5,7 +5,7 @@
     dtlabs release [LAB ...]          regenerate labs/ from solutions/ (nbgrader generate_assignment)
     dtlabs validate NOTEBOOK          student's pre-submission check; exit code 0 only if every test passes
     dtlabs grade [--submissions DIR]  instructor batch: sandboxed autograde (--jobs N) -> CSV -> feedback
-    dtlabs grade-one / merge          one submission into a results folder / results into the gradebook (Slurm)
+    dtlabs prepare-array / grade-one / merge   a class as a job array: prepare, one submission per task, merge
     dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
     dtlabs mutate LAB                 mutation testing of a lab's tests (survivors, kill rate; --min-kill)
     dtlabs stress [LAB ...] --k K     grade each lab's solution K times with the other cores busy (flakes)
@@ -80,43 +80,45 @@ def _grade(args) -> int:
     )
 
 
+def _prepare_array(args) -> int:
+    """Record a lab, snapshot its template and write the roster, before a job array grades it."""
+    from lab_utils import grading
+    from lab_utils.grading import jobarray
+
+    try:
+        roster = jobarray.prepare(grading.find_course_root(args.course_root), args.lab, args.out,
+                                  students=args.students or None)
+    except grading.GradingError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(len(roster))
+    return 0
+
+
 def _grade_one(args) -> int:
     """One submission into a results folder (a Slurm array task); ``dtlabs merge`` brings them together."""
-    import json
-    from pathlib import Path
-
     from lab_utils import grading
+    from lab_utils.grading import jobarray
 
-    course = grading.find_course_root(args.course_root)
-    out = Path(args.out).resolve() / args.student / args.lab
-    out.mkdir(parents=True, exist_ok=True)
-    template = grading.prepare_template(course, args.lab, out / "template")
-    res = grading.grade_submission(course, args.lab, args.student, template, cell_timeout=args.timeout,
-                                   scratch=out / "scratch")
-    (out / "result.json").write_text(json.dumps({"lab": args.lab, "student": args.student, "graded": res.graded,
-                                                 "points": res.points, "reasons": res.reasons}))
-    got, possible = res.points
-    print(f"{args.student}/{args.lab}: " + (f"{got:g}/{possible:g}" if res.graded else "NOT GRADED") +
-          (f" - {'; '.join(res.reasons)}" if res.reasons else ""))
-    return 0 if res.graded else 1
+    if (args.student is None) == (args.task is None):
+        print("grade-one: give a STUDENT or --task N (line N of the roster), not both", file=sys.stderr)
+        return 2
+    try:
+        return jobarray.grade_one(grading.find_course_root(args.course_root), args.lab, args.out,
+                                  student=args.student, task=args.task, cell_timeout=args.timeout,
+                                  submission_timeout=args.submission_timeout)
+    except grading.GradingError as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
 
 def _merge(args) -> int:
     """Every ``grade-one`` result under the folders given, merged into the course's gradebook."""
-    import json
-    from pathlib import Path
-
     from lab_utils import grading
+    from lab_utils.grading import jobarray
 
     course = grading.find_course_root(args.course_root)
-    bad = 0
-    for folder in args.results:
-        for result in sorted(Path(folder).glob("*/*/result.json")):
-            info = json.loads(result.read_text())
-            ok = info["graded"] and grading.merge(course, result.parent / "scratch", info["lab"], info["student"])
-            bad += not ok
-            print(f"{info['student']}/{info['lab']}: " + ("merged" if ok else "NOT GRADED: " + "; ".join(info["reasons"])))
-    return 1 if bad else 0
+    return max(jobarray.merge(course, folder, labs=args.lab or None) for folder in args.results)
 
 
 def _bench(args) -> int:
@@ -191,16 +193,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_grade)
 
+    s = sub.add_parser("prepare-array", help="before a job array: record LAB, snapshot its template, write the roster")
+    s.add_argument("lab", metavar="LAB")
+    s.add_argument("students", nargs="*", metavar="STUDENT", help="whom to grade (default: everyone who submitted)")
+    s.add_argument("--out", required=True, metavar="DIR", help="results folder the array and the merge use")
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
+    s.set_defaults(func=_prepare_array)
+
     s = sub.add_parser("grade-one", help="grade one submission into a results folder (for Slurm job arrays)")
     s.add_argument("lab", metavar="LAB")
-    s.add_argument("student", metavar="STUDENT")
+    s.add_argument("student", metavar="STUDENT", nargs="?", help="the student (or --task N)")
+    s.add_argument("--task", type=int, default=None, metavar="N", help="grade line N of the roster (an array task id)")
     s.add_argument("--out", required=True, metavar="DIR", help="results folder (then: dtlabs merge DIR)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
+    s.add_argument("--submission-timeout", type=float, default=None,
+                   help="wall-clock limit for grading the submission (default 1800 s)")
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_grade_one)
 
-    s = sub.add_parser("merge", help="merge grade-one results into the course gradebook")
+    s = sub.add_parser("merge", help="merge grade-one results into the course gradebook; every expected student "
+                                     "is merged or listed NOT GRADED with the reason")
     s.add_argument("results", nargs="+", metavar="DIR")
+    s.add_argument("--lab", action="append", metavar="LAB", help="merge only this lab (repeatable)")
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_merge)
 

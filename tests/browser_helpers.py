@@ -40,6 +40,11 @@ CHROMIUM_ARGS = [
 ]
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
+# The open notebook's cells and outputs in JupyterLab's page.
+NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+CELLS = f"{NOTEBOOK} .jp-Notebook .jp-Cell"
+OUTPUTS = f"{NOTEBOOK} .jp-OutputArea-output"
+
 # JupyterLab user settings for a quiet, deterministic page: no news/update toasts (they would fetch from
 # the internet), every cell kept in the DOM so the test can address cell i as the i-th .jp-Cell.
 LAB_SETTINGS = {
@@ -263,3 +268,18 @@ def dev_notebook(path: Path) -> None:
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
+
+
+def wait_prompt(page, i: int, pattern: str, timeout_ms: float) -> bool:
+    """Wait until cell i's input prompt (``[ ]:``, ``[*]:``, ``[3]:``) matches ``pattern``."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "([sel, i, pat]) => { const c = document.querySelectorAll(sel)[i];"
+            " const p = c && c.querySelector('.jp-InputArea-prompt');"
+            " return !!p && new RegExp(pat).test(p.innerText.trim()); }",
+            arg=[CELLS, i, pattern], timeout=timeout_ms)
+        return True
+    except PlaywrightTimeout:
+        return False

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM_ARGS, JupyterLabServer, dev_notebook, find_chromium
+from browser_helpers import (
+    CELLS, CHROMIUM_ARGS, NOTEBOOK, OUTPUTS, JupyterLabServer, dev_notebook, find_chromium, wait_prompt,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 # notebook -> whether its first launch must show [rank 0]/[rank 1] lines before we stop running cells
@@ -37,9 +39,6 @@ ARTIFACTS = REPO / "test-artifacts" / "browser"
 LIMIT_S = float(os.environ.get("DTLABS_BROWSER_LIMIT_S", "180"))  # make test runs it beside 2 other workers
 BUDGET_S = LIMIT_S - 5  # for running cells: leave time to take the screenshot and shut down
 
-NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"
-CELLS = f"{NOTEBOOK} .jp-Notebook .jp-Cell"
-OUTPUTS = f"{NOTEBOOK} .jp-OutputArea-output"
 
 # JS run in the page: the state of the open notebook, so each check is one round trip.
 PAGE_STATE = """() => {
@@ -251,13 +250,13 @@ def _run_until_ranks_and_figure(page, t0, widget_cell: int | None, need_ranks: b
             page.keyboard.press("Escape")
         page.keyboard.press("Shift+Enter")
         if state["kinds"][i] == "code":
-            if not _wait_prompt(page, i, r"^\[(\*|\d+)\]:?$", 10_000):
+            if not wait_prompt(page, i, r"^\[(\*|\d+)\]:?$", 10_000):
                 # the keypress was lost (a busy page): select cell i again and retry once
                 page.locator(CELLS).nth(i).locator(".jp-InputArea-prompt").first.click()
                 page.keyboard.press("Escape")
                 page.keyboard.press("Shift+Enter")
             left_ms = max(1_000, (BUDGET_S - 10 - (time.monotonic() - t0)) * 1000)
-            if not _wait_prompt(page, i, r"^\[\d+\]:?$", left_ms):
+            if not wait_prompt(page, i, r"^\[\d+\]:?$", left_ms):
                 raise AssertionError(f"cell {i + 1} did not finish in time: "
                                      f"{page.evaluate(PAGE_STATE)['prompts'][i]!r}")
         state = page.evaluate(PAGE_STATE)
@@ -269,18 +268,3 @@ def _run_until_ranks_and_figure(page, t0, widget_cell: int | None, need_ranks: b
     raise AssertionError(
         f"ran all {state['n']} cells without seeing both rank output and a figure: "
         f"rank0={state['rank0']} rank1={state['rank1']} images={state['images']}")
-
-
-def _wait_prompt(page, i: int, pattern: str, timeout_ms: float) -> bool:
-    """Wait until cell i's input prompt (``[ ]:``, ``[*]:``, ``[3]:``) matches ``pattern``."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    try:
-        page.wait_for_function(
-            "([sel, i, pat]) => { const c = document.querySelectorAll(sel)[i];"
-            " const p = c && c.querySelector('.jp-InputArea-prompt');"
-            " return !!p && new RegExp(pat).test(p.innerText.trim()); }",
-            arg=[CELLS, i, pattern], timeout=timeout_ms)
-        return True
-    except PlaywrightTimeout:
-        return False

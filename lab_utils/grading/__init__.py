@@ -8,6 +8,7 @@
 | files            | a submission's files copied as data: no link followed, no special file, within limits    |
 | submission       | one submission graded in a scratch course of its own                                     |
 | batch            | ``dtlabs grade``: a class, ``--jobs N`` at a time, behind the canary; merged, exported  |
+| jobarray         | a class as a job array: prepare once, ``grade-one`` per task, one ``merge``              |
 | canary           | the lab's solution and empty release graded first: a machine that cannot grade refuses  |
 | gradebook        | scores in, scores out; a scratch result merged into the course's gradebook               |
 | guard            | without bubblewrap: what a submission changed in the course, put back and named          |

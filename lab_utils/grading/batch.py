@@ -211,15 +211,10 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             return 2
     scratch_dirs, todo = [], []
     for lab in labs:
-        if force or not gradebook.holds_current(course_root, lab):
-            run = run_nbgrader(["generate_assignment", lab, "--force",
-                                f"--CourseDirectory.release_directory={WORK / 'release'}"],
-                               course_root=course_root, timeout=300)
-            if run.returncode != 0:
-                out(run.output[-3000:])
-                out(f"could not record {lab} in the gradebook (see above)")
-                return 2
-            gradebook.note_recorded(course_root, [lab])
+        failed = record_lab(course_root, lab, force=force)
+        if failed:
+            out(failed)
+            return 2
         gradebook.register_students(course_root, found.get(lab, []))
         if fresh[lab]:  # the course's gradebook now holds the lab: a snapshot of it is every submission's template
             tdir = Path(tempfile.mkdtemp(prefix=f"dtlabs-template-{lab}-"))
@@ -287,6 +282,20 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             ", ".join(f"{s}/{a}" for a, s in batch.problems))
         return 1
     return 2 if unknown else 0
+
+
+def record_lab(course_root: Path, lab: str, *, force: bool = False) -> str:
+    """Make the course's gradebook hold ``lab`` as its source is now (``generate_assignment`` into a scratch release
+    folder, so ``labs/`` is untouched); '' when it does, else what went wrong. nbgrader creates a missing gradebook
+    in its own process, whose PATH has the venv's ``alembic`` (an in-process ``Gradebook`` would not, in a job)."""
+    if not force and gradebook.holds_current(course_root, lab):
+        return ""
+    run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
+                       course_root=course_root, timeout=300)
+    if run.returncode != 0:
+        return f"{run.output[-3000:]}\ncould not record {lab} in the gradebook (see above)"
+    gradebook.note_recorded(course_root, [lab])
+    return ""
 
 
 def _fresh(course_root: Path, lab: str, students, manifest: dict) -> list:

@@ -95,6 +95,9 @@ def register_students(course_root: Path | str, students) -> None:
             gb.update_or_create_student(s)
 
 
+EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")  # what `nbgrader submit` adds beside a notebook
+
+
 def merge(course_root: Path | str, scratch_root: Path | str, lab: str, student: str) -> bool:
     """Copy one graded submission from its scratch course into the course. False if it was never graded."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -116,6 +119,13 @@ def merge(course_root: Path | str, scratch_root: Path | str, lab: str, student: 
     notebook = src_dir / f"{lab}.ipynb"  # only the autograded notebook comes back (never a file the submission holds)
     if notebook.is_file() and not notebook.is_symlink():
         shutil.copyfile(notebook, dest_dir / notebook.name, follow_symlinks=False)
+    # nbgrader's exchange releases feedback only beside the submission's timestamp and secret (generate_feedback
+    # copies them from autograded/, release_feedback reads them): the collected ones, small plain files or nothing
+    collected = course_root / WORK / "submitted" / student / lab
+    for name in EXCHANGE_FILES:
+        f = collected / name
+        if f.is_file() and not f.is_symlink() and f.stat().st_size <= 4096:
+            shutil.copyfile(f, dest_dir / name, follow_symlinks=False)
     with warnings.catch_warnings(), Gradebook(db_url(course_root)) as gb:
         warnings.simplefilter("ignore")  # SQLAlchemy's autoflush notes while nbgrader replaces a submission
         gb.update_or_create_student(student)

@@ -1,0 +1,250 @@
+"""A class graded as a job array (Slurm): prepare once, grade one submission per task, merge once.
+
+``dtlabs grade`` runs every step in one process; on a cluster the steps run on different nodes at different times,
+so each leaves its state in a results folder on a filesystem every node sees::
+
+    RESULTS/<lab>/roster.txt              line i: the student array task i grades (``prepare``; without one, a
+                                          merge expects everyone who submitted the lab)
+    RESULTS/<lab>/template/               the course's gradebook holding the lab, snapshotted once (``prepare``)
+    RESULTS/<lab>/<student>/task.json     which task graded it, where and when it started (``grade_one``)
+    RESULTS/<lab>/<student>/result.json   its points and reasons, written last and atomically (``grade_one``)
+    RESULTS/<lab>/<student>/scratch/      its private scratch course, autograded notebook included
+    RESULTS/logs/                         the tasks' Slurm logs (grader/slurm/grade-class.sh sets --output)
+
+Only ``prepare`` and ``merge`` write the course (its gradebook and ``graded.json``), each from one process; a task
+writes nothing but its own folder. A task that is rerun or requeued starts from an empty folder, so a crash
+leaves no result rather than an old one. ``merge`` expects every student of the roster: one whose task never
+wrote a result (cancelled, out of time, node lost) is NOT GRADED with what its task record and log say, never
+missing, unless the gradebook already holds the grade of that very submission (``dtlabs grade`` or an earlier
+merge graded it, and it has not changed since), which then stands. It records what it merged in ``graded.json`` as
+``dtlabs grade`` does, so a later ``dtlabs grade`` regrades only what the array did not grade.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+from lab_utils.grading import gradebook, sandbox
+from lab_utils.grading.batch import MANIFEST, record_lab, submission_digest
+from lab_utils.grading.course import WORK, GradingError, discover_labs, submissions
+from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, grade_submission, prepare_template
+
+ROSTER = "roster.txt"
+RESULT = "result.json"
+TASK = "task.json"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Replace ``path`` atomically: a task killed while writing leaves the old file or none, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_roster(results: Path, lab: str) -> list[str]:
+    path = Path(results) / lab / ROSTER
+    try:
+        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        raise GradingError(f"no roster at {path}: run `dtlabs prepare-array {lab} --out {results}` first") from None
+
+
+def expected_students(course_root: Path, results: Path, lab: str) -> list[str]:
+    """Whom a merge must account for: the roster the array was given, else everyone who submitted the lab."""
+    if (Path(results) / lab / ROSTER).is_file():
+        return read_roster(results, lab)
+    return submissions(course_root).get(lab, [])
+
+
+# ------------------------------------------------------------------------------------------ prepare (login node)
+def prepare(course_root: Path, lab: str, results: Path, students=None) -> list[str]:
+    """Record ``lab`` in the course's gradebook, snapshot it as every task's template, write the roster.
+
+    ``students`` defaults to everyone with a submission of ``lab``. Returns the roster (task i grades line i)."""
+    course_root, results = Path(course_root).resolve(), Path(results).resolve()
+    if lab not in discover_labs(course_root):
+        raise GradingError(f"no solutions/{lab}/{lab}.ipynb in {course_root} (labs: {discover_labs(course_root)})")
+    submitted = submissions(course_root).get(lab, [])
+    roster = list(dict.fromkeys(students)) if students else submitted
+    missing = [s for s in roster if s not in submitted]
+    if missing:
+        raise GradingError(f"no submission of {lab} for {missing} under {course_root / WORK / 'submitted'}")
+    if not roster:
+        raise GradingError(f"nothing to grade: no submission of {lab} under {course_root / WORK / 'submitted'}")
+    failed = record_lab(course_root, lab)
+    if failed:
+        raise GradingError(failed)
+    labdir = results / lab
+    template = labdir / "template"
+    shutil.rmtree(template, ignore_errors=True)
+    (template / WORK).mkdir(parents=True)
+    shutil.copy2(course_root / WORK / "gradebook.db", template / WORK / "gradebook.db")
+    (template / "source.sha256").write_text(gradebook.source_digest(course_root, lab))
+    (labdir / ROSTER).write_text("".join(f"{s}\n" for s in roster))
+    (results / "logs").mkdir(parents=True, exist_ok=True)
+    return roster
+
+
+# ------------------------------------------------------------------------------------------ one task (compute node)
+def _task_record() -> dict:
+    env = os.environ
+    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
+    task = env.get("SLURM_ARRAY_TASK_ID")
+    return {"job": f"{job}_{task}" if job and task else job, "host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None = None, task: int | None = None,
+              cell_timeout=None, submission_timeout=None, out=print) -> int:
+    """Grade one submission into ``RESULTS/<lab>/<student>/`` (the student, or roster line ``task``).
+
+    Exit code: 0 graded, 1 not graded (the reason is in result.json and printed), 2 bad arguments."""
+    course_root, results = Path(course_root).resolve(), Path(results).resolve()
+    labdir = results / lab
+    if student is None:
+        roster = read_roster(results, lab)
+        if task is None or not 0 <= task < len(roster):
+            out(f"task {task} is not a line of {labdir / ROSTER} ({len(roster)} students: tasks 0-{len(roster) - 1})")
+            return 2
+        student = roster[task]
+    sdir = labdir / student
+    # a rerun or a requeued task starts clean: the old result goes first, so a crash cannot leave it behind
+    (sdir / RESULT).unlink(missing_ok=True)
+    for sub in ("scratch", "template"):
+        shutil.rmtree(sdir / sub, ignore_errors=True)
+    sdir.mkdir(parents=True, exist_ok=True)
+    record = _task_record()
+    _write_json(sdir / TASK, record)
+    reasons = []
+    try:
+        sandbox.require(None)  # a course that requires bubblewrap is never graded without it
+    except sandbox.SandboxUnavailable as exc:
+        reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {exc}")
+    if not reasons and sandbox.mode() != "bwrap":
+        print("WARNING: " + sandbox.FALLBACK_WARNING, file=sys.stderr, flush=True)
+        reasons.append(f"graded without bubblewrap on {record['host']} (fallback sandbox; install Debian's "
+                       "'bubblewrap' on every node that grades)")
+    result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": reasons, **record}
+    if not any(sandbox.ENVIRONMENT in r for r in reasons):
+        try:
+            result.update(_grade(course_root, lab, student, labdir, sdir, cell_timeout, submission_timeout, out))
+            result["reasons"] = reasons + result["reasons"]
+        except Exception as exc:  # noqa: BLE001 - the reason goes into the result and the log, never a silent zero
+            result["reasons"] = reasons + [f"grading failed: {type(exc).__name__}: {exc}"]
+    result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    _write_json(sdir / RESULT, result)
+    got, possible = result["points"]
+    out(f"{student}/{lab}: " + (f"{got:g}/{possible:g}" if result["graded"] else "NOT GRADED") +
+        (f" - {'; '.join(result['reasons'])}" if result["reasons"] else ""))
+    return 0 if result["graded"] else 1
+
+
+def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, cell_timeout, submission_timeout,
+           out) -> dict:
+    """The grading itself, with the template prepared once (or this task's own when there is none or it is stale)."""
+    if not (course_root / WORK / "submitted" / student / lab).is_dir():
+        raise GradingError(f"no submission at {course_root / WORK / 'submitted' / student / lab}")
+    template = labdir / "template"
+    stamp = template / "source.sha256"
+    if not (stamp.is_file() and stamp.read_text() == gradebook.source_digest(course_root, lab)):
+        out(f"{lab}: no current template under {template} (dtlabs prepare-array); building a private one")
+        template = prepare_template(course_root, lab, sdir / "template")
+    digest = submission_digest(course_root, lab, student)
+    res = grade_submission(course_root, lab, student, template, cell_timeout=cell_timeout,
+                           timeout=submission_timeout or DEFAULT_SUBMISSION_TIMEOUT_S, scratch=sdir / "scratch")
+    # the machine's fault (its sandbox never started) is never a grade: NOT GRADED, with the reason
+    return {"template": str(template), "digest": digest, "graded": res.graded and not res.environment,
+            "points": list(res.points), "reasons": res.reasons, "seconds": round(res.seconds, 1)}
+
+
+# ------------------------------------------------------------------------------------------ merge (one process)
+def _log_tail(results: Path, job: str | None, n: int = 3) -> str:
+    """The last lines of a task's Slurm log (``RESULTS/logs/*-<job>.out``), where Slurm says why it ended one."""
+    if not job:
+        return ""
+    for log in sorted((results / "logs").glob(f"*-{job}.out")):
+        try:
+            lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            continue
+        return f"; its log {log}" + (f" ends: {' | '.join(lines[-n:])}" if lines else " is empty")
+    return ""
+
+
+def missing_reason(results: Path, lab: str, student: str) -> str:
+    """Why a student of the roster has no result, in words for the grade line."""
+    task = _read_json(Path(results) / lab / student / TASK)
+    if task is None:
+        return "no result: no array task started for this student (cancelled before it ran, or never submitted)"
+    return (f"no result: array task {task.get('job') or '?'} started on {task.get('host')} at {task.get('started')} "
+            "and never finished (cancelled, out of time, or its node was lost)" + _log_tail(Path(results), task.get("job")))
+
+
+def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
+    """Every roster of ``results`` (or of ``labs``) merged into the course's gradebook.
+
+    Exit code: 0 every student merged, 1 some NOT GRADED (each listed with the reason), 2 nothing to merge."""
+    course_root, results = Path(course_root).resolve(), Path(results).resolve()
+    known = discover_labs(course_root)
+    labs = list(labs) if labs else sorted(p.name for p in results.iterdir() if p.is_dir() and p.name in known) \
+        if results.is_dir() else []
+    if not labs:
+        out(f"nothing to merge: no <lab>/ folder under {results} (grader/slurm/grade-class.sh or `dtlabs grade-one` "
+            "writes one)")
+        return 2
+    bad, merged, kept = [], 0, 0
+    for lab in labs:
+        roster = expected_students(course_root, results, lab)
+        if not roster:
+            out(f"nothing to merge for {lab}: no roster under {results / lab} and no submission of it")
+            return 2
+        failed = record_lab(course_root, lab)  # a gradebook that never recorded the lab gets it first
+        if failed:
+            out(failed)
+            return 2
+        gradebook.register_students(course_root, roster)
+        manifest = gradebook.read_record(course_root, MANIFEST)
+        out(f"== {lab}: {len(roster)} student(s) to merge from {results / lab}")
+        for student in roster:
+            sdir = results / lab / student
+            info = _read_json(sdir / RESULT)
+            key = f"{lab}/{student}"
+            if not (info or {}).get("graded") and manifest.get(key) == submission_digest(course_root, lab, student) \
+                    and gradebook.cell_scores(course_root, lab, student):
+                kept += 1  # graded since (dtlabs grade, an earlier merge) and unchanged: that grade stands
+                out(f"   {student}/{lab}: kept the grade of the unchanged submission (no new result in {sdir})")
+                continue
+            if info is None:
+                why = missing_reason(results, lab, student)
+            elif not info.get("graded"):
+                why = "; ".join(info.get("reasons") or []) or "nbgrader produced no grade; see the task's log"
+            elif not gradebook.merge(course_root, sdir / "scratch", lab, student):
+                why = f"its result says graded, but {sdir / 'scratch'} holds no graded submission"
+            else:
+                manifest[key] = info.get("digest")
+                merged += 1
+                got, possible = info["points"]
+                line = f"   {student}/{lab}: {got:g}/{possible:g}"
+                if info.get("reasons") or got == 0:
+                    line += f" - {'; '.join(info.get('reasons') or []) or 'no test passed'}"
+                out(line)
+                continue
+            manifest.pop(key, None)
+            bad.append(key)
+            out(f"   NOT GRADED: {student}/{lab} ({why})")
+        gradebook.write_record(course_root, MANIFEST, manifest)
+    out(f"merged {merged} of {merged + kept + len(bad)}" + (f", kept {kept}" if kept else "") +
+        (f"; NOT GRADED: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0

@@ -1,0 +1,153 @@
+"""Fixtures of the deployment tests: real users, the instructor's course in their home, a real Slurm, a real hub.
+
+``make test-deploy`` installs what these need (``.ci/install-deploy``: Debian's slurm-wlm, munge, chromium,
+bubblewrap, python3-venv) and runs them; the hub's environment (PyPI) and proxy (npm) are installed by
+``grader/hub/hub.sh install`` here, beside the instructor's ``make install``. They skip, with
+the reason, only where the machine cannot run them: not root (users cannot be created, daemons not started), or
+the install step could not get what they need (it says why). Every daemon a fixture starts, it stops; every
+process of the test users left at the end is killed and named.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy_helpers import (
+    COURSE_NAME, REPO, STUDENTS, SYSTEM_PYTHON, TEACHER, TIMINGS, TORCH_SPEC, copy_course, ensure_users, home, kill_all_of,
+    run_as,
+)
+
+HUB_PREFIX = Path(os.environ.get("DTLABS_HUB_PREFIX", "/opt/dtlabs"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if TIMINGS:
+        terminalreporter.section("deployment timings (seconds)")
+        for what, seconds in TIMINGS.items():
+            terminalreporter.write_line(f"{what}: {seconds:.1f}")
+
+
+def why_not_here() -> str:
+    """'' when this machine can run the deployment tests, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "needs root: it creates Unix users and starts munged, slurmctld, slurmd and JupyterHub (run `make test-deploy` as root)"
+    missing = [t for t in ("useradd", "runuser", "chpasswd") if not shutil.which(t)]
+    if missing:
+        return f"no {', '.join(missing)} on this machine: cannot create and switch to the course's users"
+    if not Path(SYSTEM_PYTHON).is_file():
+        return f"no {SYSTEM_PYTHON}: the course's users need a Python they can all run"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def passwords():
+    why = why_not_here()
+    if why:
+        pytest.skip(why)
+    pw = {u: secrets.token_urlsafe(12) for u in (TEACHER, *STUDENTS)}
+    ensure_users(pw)
+    yield pw
+    for user in (TEACHER, *STUDENTS):
+        left = kill_all_of(user)
+        if left:
+            print(f"\n[deploy] killed what {user} still ran at the end: {left}")
+
+
+class HubInstall(threading.Thread):
+    """``grader/hub/hub.sh install`` (the hub's environment from PyPI, the proxy from npm) in the background: it
+    runs beside the instructor's ``make install``, on the same two cores, instead of after it."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.result, self.seconds = None, 0.0
+        self.start()
+
+    def run(self):
+        t0 = time.monotonic()
+        self.result = subprocess.run([str(REPO / "grader" / "hub" / "hub.sh"), "install"], capture_output=True,
+                                     text=True, timeout=1200, env={**os.environ, "TORCH_SPEC": TORCH_SPEC})
+        self.seconds = time.monotonic() - t0
+
+    def wait(self) -> None:
+        self.join()
+        TIMINGS["hub environment (hub.sh install, beside make install)"] = self.seconds
+        out = "\n".join(line for line in (self.result.stdout + self.result.stderr).splitlines()
+                        if not line.startswith("WARNING: Location"))
+        assert self.result.returncode == 0, f"grader/hub/hub.sh install failed:\n{out[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def hub_install(request, passwords):
+    """Started by ``course`` when the session has hub tests; ``hub`` waits for it."""
+    wanted = any("hub" in item.fixturenames for item in request.session.items)
+    return HubInstall() if wanted else None
+
+
+@pytest.fixture(scope="session")
+def course(passwords, hub_install) -> Path:
+    """The instructor's course: a copy of the repository in their home, its venv made by ``make install`` as them."""
+    dest = home(TEACHER) / COURSE_NAME
+    t0 = time.monotonic()
+    copy_course(dest, TEACHER)
+    run_as(TEACHER, ["make", "install", f"PYTHON={SYSTEM_PYTHON}", f"TORCH_SPEC={TORCH_SPEC}"], cwd=dest, timeout=900)
+    TIMINGS["instructor's course: copy and make install"] = time.monotonic() - t0
+    return dest
+
+
+def _need(paths: dict) -> None:
+    missing = [f"{what} ({path})" for what, path in paths.items() if not shutil.which(path) and not Path(path).exists()]
+    if missing:
+        pytest.skip("not installed: " + ", ".join(missing) + "; `make test-deploy` installs them (.ci/install-deploy) "
+                    "and says why when it cannot")
+
+
+@pytest.fixture(scope="session")
+def slurm(passwords):
+    """A single-node Slurm (grader/slurm/local-cluster.sh up), stopped at the end of the session."""
+    _need({"slurmctld": "slurmctld", "slurmd": "slurmd", "munged": "munged", "sbatch": "sbatch"})
+    script = REPO / "grader" / "slurm" / "local-cluster.sh"
+    t0 = time.monotonic()
+    up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=180)
+    TIMINGS["Slurm up (local-cluster.sh up)"] = time.monotonic() - t0
+    assert up.returncode == 0, up.stdout + up.stderr
+    print(f"\n[deploy] {up.stdout.strip()}")
+    try:
+        yield script
+    finally:
+        down = subprocess.run([str(script), "down"], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.fixture(scope="session")
+def hub(passwords, course, hub_install):
+    """JupyterHub with nbgrader's exchange (grader/hub/hub.sh up), the instructor owning the course; stopped at the end."""
+    if not shutil.which("npm"):
+        pytest.skip("no npm for configurable-http-proxy; `make test-deploy` installs it (.ci/install-deploy) and says "
+                    "why when it cannot")
+    hub_install.wait()
+    script = REPO / "grader" / "hub" / "hub.sh"
+    exchange = Path("/srv/dtlabs-test/exchange")  # the test's own, never a real course's /srv/nbgrader/exchange
+    shutil.rmtree(exchange / "dtlabs", ignore_errors=True)  # a fresh course in the exchange every run
+    for user in STUDENTS:  # and students who never took it (nbgrader's cache of their submissions included)
+        for sub in ("01_ddp_setup", ".local/share/jupyter/nbgrader_cache", "concurrent.ipynb"):
+            p = home(user) / sub
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    env = {**os.environ, "DTLABS_INSTRUCTOR": TEACHER, "DTLABS_HUB_PREFIX": str(HUB_PREFIX),
+           "DTLABS_EXCHANGE": str(exchange)}
+    t0 = time.monotonic()
+    up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=180, env=env)
+    TIMINGS["hub up (hub.sh up)"] = time.monotonic() - t0
+    assert up.returncode == 0, up.stdout + up.stderr
+    print(f"\n[deploy] {up.stdout.strip()}")
+    try:
+        yield {"url": "http://127.0.0.1:8000", "exchange": exchange}
+    finally:
+        down = subprocess.run([str(script), "down"], capture_output=True, text=True, timeout=120, env=env)
+        assert down.returncode == 0, down.stdout + down.stderr

@@ -1,0 +1,123 @@
+"""A class graded as a job array (``dtlabs prepare-array`` / ``grade-one`` / ``merge``) on the synthetic course, without
+Slurm: the steps as array tasks and the merge job run them (tests/deploy/test_slurm.py runs them on a real Slurm).
+
+What they protect: a rerun or requeued task starts clean and a crash never leaves an old result behind; the merge
+accounts for every student of the roster (one whose task died is NOT GRADED with what its task record and log say,
+never missing) and records what it merged, so ``dtlabs grade`` then regrades nothing; a merge into a gradebook that
+never recorded the lab works from a job's bare PATH; tasks use the template prepared once; a node without
+bubblewrap says so in the task's log and on the grade line."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SYNTHETIC_LAB as LAB
+
+from lab_utils import cli, grading
+from lab_utils.grading import jobarray
+
+
+def _course(synthetic_course, tmp_path, students=("ann", "bob", "cid")) -> Path:
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    import nbformat
+
+    rel = nbformat.read(str(root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    for s in students:
+        grading.submit(root, s, LAB, grading.fill_solutions(rel, src))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_array_tasks_rerun_clean_and_merge_accounts_for_everyone(synthetic_course, tmp_path, monkeypatch, capsys,
+                                                                no_leaked_processes):
+    root = _course(synthetic_course, tmp_path)
+    results = tmp_path / "results"
+    args = ["--out", str(results), "--course-root", str(root)]
+    assert cli.main(["prepare-array", LAB, *args]) == 0
+    assert capsys.readouterr().out.strip() == "3"
+    assert jobarray.read_roster(results, LAB) == ["ann", "bob", "cid"]
+
+    # task 0 graded twice into the same folder (a rerun, or `scontrol requeue`): the second must not crash
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    for _ in range(2):
+        assert cli.main(["grade-one", LAB, "--task", "0", *args]) == 0
+        assert "ann/00_synthetic: 3/3" in capsys.readouterr().out
+    ann = json.loads((results / LAB / "ann" / "result.json").read_text())
+    assert ann["template"] == str(results / LAB / "template"), "a task must use the template prepared once"
+    assert not (results / LAB / "ann" / "template").exists()
+    assert ann["job"] == "77_0" and ann["digest"]
+
+    # task 1 graded once, then rerun and killed mid-grading: its old result must be gone, not merged as if current
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    assert cli.main(["grade-one", LAB, "--task", "1", *args]) == 0
+    (results / "logs" / "grade-77_1.out").write_text(
+        "task 77_1 on node7\nslurmstepd: error: *** JOB 78 ON node7 CANCELLED AT 2024-05-01T10:00:00 DUE TO TIME LIMIT ***\n")
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # what SIGTERM from Slurm does to the task: nothing after this line runs
+
+    monkeypatch.setattr(jobarray, "grade_submission", killed)
+    with pytest.raises(KeyboardInterrupt):
+        jobarray.grade_one(root, LAB, results, task=1)
+    monkeypatch.undo()
+    assert not (results / LAB / "bob" / "result.json").exists(), "a rerun that died left the old result behind"
+    assert grading.cell_scores(root, LAB, "ann") == {}, "a task must not write the course's gradebook"
+    # task 2 (cid) never ran at all
+
+    assert cli.main(["merge", str(results), "--course-root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "ann/00_synthetic: 3/3" in out
+    assert "NOT GRADED: bob/00_synthetic (no result: array task 77_1 started on" in out
+    assert "DUE TO TIME LIMIT" in out, "the merge should quote the dead task's log"
+    assert "NOT GRADED: cid/00_synthetic (no result: no array task started" in out
+    assert "merged 1 of 3" in out
+    assert grading.cell_scores(root, LAB, "ann") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
+
+    # the documented next step grades only the two the array did not, and exports everyone
+    assert cli.main(["grade", LAB, "--no-feedback", "--course-root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "3 submission(s), 2 to grade (1 unchanged since last graded" in out, out
+    rows = {r["student_id"]: r for r in grading.read_grades_csv(root / "grader" / "work" / "grades.csv")}
+    assert {s: float(r["score"]) for s, r in rows.items()} == {"ann": 3.0, "bob": 3.0, "cid": 3.0}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_merge_job_on_a_gradebook_without_the_lab(synthetic_course, tmp_path, no_leaked_processes):
+    """As a merge job runs: ``.venv/bin/dtlabs`` with a bare PATH (no venv bin: no ``alembic``), into a course
+    whose gradebook does not exist yet; and a task on a node without bubblewrap says so."""
+    root = _course(synthetic_course, tmp_path, students=("dee",))
+    shutil.rmtree(root / "grader" / "work" / "autograded", ignore_errors=True)
+    (root / "grader" / "work" / "gradebook.db").unlink()
+    results = tmp_path / "results"
+    dtlabs = [sys.executable, "-m", "lab_utils.cli"]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
+    env["PATH"] = "/usr/bin:/bin"
+    env["DTLABS_SANDBOX"] = "off"  # a node without bubblewrap
+    task = subprocess.run([*dtlabs, "grade-one", LAB, "dee", "--out", str(results), "--course-root", str(root)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert task.returncode == 0, task.stdout + task.stderr
+    assert "WARNING: dtlabs: bubblewrap (bwrap) is not available" in task.stderr
+    assert "dee/00_synthetic: 3/3 - graded without bubblewrap on" in task.stdout
+    assert not (root / "grader" / "work" / "gradebook.db").exists(), "a task must not create the course's gradebook"
+    env.pop("DTLABS_SANDBOX")
+    merge = subprocess.run([*dtlabs, "merge", str(results), "--course-root", str(root)],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert merge.returncode == 0, merge.stdout + merge.stderr
+    assert "dee/00_synthetic: 3/3 - graded without bubblewrap on" in merge.stdout
+    assert grading.cell_scores(root, LAB, "dee") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
+
+
+def test_merge_with_nothing_to_merge_fails(tmp_path, capsys):
+    (tmp_path / "solutions").mkdir()
+    assert cli.main(["merge", str(tmp_path / "results"), "--course-root", str(tmp_path)]) == 2
+    assert "nothing to merge" in capsys.readouterr().out
