@@ -94,7 +94,8 @@ def _grade_one(args) -> int:
     res = grading.grade_submission(course, args.lab, args.student, template, cell_timeout=args.timeout,
                                    scratch=out / "scratch")
     (out / "result.json").write_text(json.dumps({"lab": args.lab, "student": args.student, "graded": res.graded,
-                                                 "points": res.points, "reasons": res.reasons}))
+                                                 "points": res.points, "reasons": res.reasons,
+                                                 "seconds": round(res.seconds, 2)}))
     got, possible = res.points
     print(f"{args.student}/{args.lab}: " + (f"{got:g}/{possible:g}" if res.graded else "NOT GRADED") +
           (f" - {'; '.join(res.reasons)}" if res.reasons else ""))
@@ -107,6 +108,7 @@ def _merge(args) -> int:
     from pathlib import Path
 
     from lab_utils import grading
+    from lab_utils.grading.export import outcomes
 
     course = grading.find_course_root(args.course_root)
     bad = 0
@@ -114,6 +116,9 @@ def _merge(args) -> int:
         for result in sorted(Path(folder).glob("*/*/result.json")):
             info = json.loads(result.read_text())
             ok = info["graded"] and grading.merge(course, result.parent / "scratch", info["lab"], info["student"])
+            outcomes.note(course, info["lab"], info["student"], graded=ok, points=info["points"] if ok else None,
+                          reasons=info["reasons"] or ([] if ok else ["nbgrader produced no grade"]),
+                          seconds=info.get("seconds"))
             bad += not ok
             print(f"{info['student']}/{info['lab']}: " + ("merged" if ok else "NOT GRADED: " + "; ".join(info["reasons"])))
     return 1 if bad else 0
