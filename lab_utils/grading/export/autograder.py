@@ -62,6 +62,45 @@ def _the_notebook(submission: Path, lab: str) -> Path:
     return found[0]
 
 
+def _readable(notebook: Path) -> None:
+    """``ValueError`` unless ``notebook`` is a regular file Jupyter can read as a notebook (checked before anything is
+    graded: a student's broken upload costs no canary and no nbgrader run)."""
+    from lab_utils.grading.export import cells
+    from lab_utils.grading.files import SubmissionError, regular_notebook
+
+    try:
+        regular_notebook(notebook)
+        cells.read(notebook)
+    except SubmissionError as exc:
+        raise ValueError(f"{notebook.name} cannot be read as a file: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - nbformat's many ways of saying "not a notebook"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ValueError(f"{notebook.name} is not a notebook Jupyter can read (invalid notebook: {first}); "
+                         "upload the .ipynb file your notebook server saved") from None
+
+
+def template(course: Path, lab: str) -> Path:
+    """The scratch course whose gradebook every submission of ``lab`` copies (``submission.prepare_template``), kept
+    beside the canary's verdicts under the same digest of everything it depends on: setup.sh makes it while the
+    image is built, and each submission saves an nbgrader run."""
+    from lab_utils.grading import canary
+    from lab_utils.grading.course import WORK
+    from lab_utils.grading.submission import prepare_template
+
+    kept = canary.cache_path().parent / "templates" / canary.environment_digest(course, lab, None)
+    if (kept / WORK / "gradebook.db").is_file():
+        return kept
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=".template-", dir=kept.parent))
+    prepare_template(course, lab, fresh / "t")
+    try:
+        os.replace(fresh / "t", kept)
+    except OSError:  # another run kept one meanwhile: the same content
+        pass
+    shutil.rmtree(fresh, ignore_errors=True)
+    return kept
+
+
 def _stage(submission: Path, notebook: Path, dest: Path, lab: str) -> str:
     """The submission as nbgrader expects it (``dest/<lab>.ipynb`` beside the other files it held); returns the note
     for what was left out. Files are copied as data (``files``): no link followed."""
@@ -101,15 +140,16 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
     from lab_utils.grading.export import cells
     from lab_utils.grading.files import SubmissionError
     from lab_utils.grading.nbgrader_run import load_config
-    from lab_utils.grading.submission import grade_submission, prepare_template
+    from lab_utils.grading.submission import grade_submission
 
     lab = manifest["lab"]
     course = root / "source" / "course"
-    dt = settings.load(load_config(course))
     try:
         notebook = _the_notebook(root / "submission", lab)
+        _readable(notebook)
     except ValueError as exc:
         return student_zero(manifest, str(exc)), 0
+    dt = settings.load(load_config(course))
     try:
         sandbox.require(dt.sandbox)
     except sandbox.SandboxUnavailable as exc:
@@ -128,8 +168,7 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
             left_out = _stage(root / "submission", notebook, staged, lab)
         except (SubmissionError, OSError) as exc:
             return student_zero(manifest, f"the notebook {notebook.name} cannot be read as a file: {exc}"), 0
-        template = prepare_template(course, lab, scratch / "template")
-        res = grade_submission(course, lab, STUDENT, template, timeout=dt.submission_timeout,
+        res = grade_submission(course, lab, STUDENT, template(course, lab), timeout=dt.submission_timeout,
                                scratch=scratch / "grade", submission_dir=staged)
         if left_out:
             res.reasons.insert(0, left_out)
@@ -167,6 +206,8 @@ def main(root: Path | str, *, check_only: bool = False, out=print) -> int:
         from lab_utils.grading import canary
 
         verdict = canary.check(root / "source" / "course", manifest["lab"], force=True, out=out)
+        if verdict.ok:
+            template(root / "source" / "course", manifest["lab"])
         out(f"{manifest['lab']}: this image can grade it (solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, "
             f"release {verdict.release[0]:g}/{verdict.release[1]:g})" if verdict.ok else "PROBLEM " + verdict.explain())
         return 0 if verdict.ok else 1
