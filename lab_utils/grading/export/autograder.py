@@ -107,7 +107,10 @@ def _stage(submission: Path, notebook: Path, dest: Path, lab: str) -> str:
     from lab_utils.grading.files import _copy_regular, copy_submission, regular_notebook
 
     regular_notebook(notebook)  # a link or a special file: SubmissionError, the student's to fix
-    copied = copy_submission(submission, dest, skip=lambda rel, is_dir: not is_dir and rel.suffix == ".ipynb")
+    # notebooks (the one graded is copied under the lab's name) and a timestamp.txt (nbgrader's submission time:
+    # on Gradescope, Gradescope keeps the time and its late policy) stay out
+    copied = copy_submission(submission, dest, skip=lambda rel, is_dir: not is_dir and (
+        rel.suffix == ".ipynb" or str(rel) == "timestamp.txt"))
     _copy_regular(notebook, dest / f"{lab}.ipynb")
     return copied.note()
 
