@@ -6,6 +6,9 @@
     dtlabs validate NOTEBOOK          student's pre-submission check; exit code 0 only if every test passes
     dtlabs grade [--submissions DIR]  instructor batch: sandboxed autograde (--jobs N) -> CSV -> feedback
     dtlabs prepare-array / grade-one / merge   a class as a job array: prepare, one submission per task, merge
+    dtlabs export gradescope LAB      a Gradescope autograder zip for LAB (--out DIR)
+    dtlabs export canvas              the gradebook as a CSV for Canvas's import (--roster CSV --out FILE)
+    dtlabs report LAB                 what the class got wrong: one HTML page with plots
     dtlabs bench [ARGS ...]           launcher benchmark (benchmarks/bench_launch.py)
     dtlabs mutate LAB                 mutation testing of a lab's tests (survivors, kill rate; --min-kill)
     dtlabs stress [LAB ...] --k K     grade each lab's solution K times with the other cores busy (flakes)
@@ -121,6 +124,27 @@ def _merge(args) -> int:
     return max(jobarray.merge(course, folder, labs=args.lab or None) for folder in args.results)
 
 
+def _export_gradescope(args) -> int:
+    from lab_utils.grading.export import gradescope
+
+    gradescope.build(args.lab, args.out, course_root=args.course_root, wheel=args.wheel)
+    return 0
+
+
+def _export_canvas(args) -> int:
+    from lab_utils.grading.export import canvas
+
+    return canvas.main(args.roster, args.out, labs=args.labs or None, course_root=args.course_root)
+
+
+def _report(args) -> int:
+    from lab_utils.grading.export import report
+
+    path = report.write(args.lab, args.out, course_root=args.course_root, anonymous=args.anonymous)
+    print(f"report: {path}")
+    return 0
+
+
 def _bench(args) -> int:
     from lab_utils.grading import REPO_ROOT
 
@@ -217,6 +241,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lab", action="append", metavar="LAB", help="merge only this lab (repeatable)")
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_merge)
+
+    s = sub.add_parser("export", help="grades out: a Gradescope autograder, a Canvas gradebook CSV")
+    exits = s.add_subparsers(dest="exit", required=True, metavar="EXIT")
+    e = exits.add_parser("gradescope", help="a Gradescope autograder zip for LAB (hidden tests inside: upload it only "
+                                           "to Gradescope)")
+    e.add_argument("lab", metavar="LAB")
+    e.add_argument("--out", required=True, metavar="DIR", help="folder for <LAB>-autograder.zip")
+    e.add_argument("--wheel", metavar="PATH", help="bundle this wheel of the course package instead of building one")
+    e.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
+    e.set_defaults(func=_export_gradescope)
+    e = exits.add_parser("canvas", help="the gradebook as a CSV that Canvas's gradebook import accepts")
+    e.add_argument("labs", nargs="*", metavar="LAB", help="labs to export (default: every lab in the gradebook)")
+    e.add_argument("--roster", required=True, metavar="CSV", help="the course's Canvas gradebook export (Grades > "
+                                                                  "Export): its students and column titles")
+    e.add_argument("--out", required=True, metavar="FILE", help="the CSV to write (then Grades > Import in Canvas)")
+    e.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
+    e.set_defaults(func=_export_canvas)
+
+    s = sub.add_parser("report", help="what the class got wrong on LAB: scores, failing tests and messages, "
+                                      "NOT GRADED submissions, grading time (one HTML page)")
+    s.add_argument("lab", metavar="LAB")
+    s.add_argument("--out", metavar="FILE", help="the HTML file (default grader/work/reports/<LAB>.html)")
+    s.add_argument("--anonymous", action="store_true", help="no student ids (numbered instead), to share the page")
+    s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
+    s.set_defaults(func=_report)
 
     s = sub.add_parser("bench", help="launcher benchmark: ratios against mp.spawn and notebook_launcher")
     s.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to benchmarks/bench_launch.py")

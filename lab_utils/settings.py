@@ -13,9 +13,10 @@ grading run's ``DTLABS_GRADING_TOKEN``, are how processes find each other, not s
 """
 from __future__ import annotations
 
+import json
 import os
 
-from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode
 from traitlets.config import Configurable
 
 _FALSE = ("0", "false", "no", "off", "")
@@ -63,6 +64,26 @@ class DTLabs(Configurable):
                     "in the grader's kernel, no sandbox. Never for a class."
     ).tag(config=True, env="DTLABS_BENCH_BASELINE")
 
+    # ---------------------------------------------------------------------------------------------- grades out
+    due_dates = Dict(
+        key_trait=Unicode(), value_trait=Unicode(),
+        help="lab -> due date, as nbgrader writes them ('2025-10-01 23:59:00 UTC'). Autograde records it in the "
+             "gradebook, so nbgrader's late-submission plugin (c.AssignLatePenalties.plugin_class, "
+             "c.LateSubmissionPlugin.penalty_method) charges a submission whose timestamp.txt is later; every export "
+             "shows the score after that penalty. A lab not listed keeps the due date its gradebook holds, if any."
+    ).tag(config=True, env="DTLABS_DUE_DATES")
+    gradescope_visibility = Dict(
+        key_trait=Unicode(), value_trait=Enum(["hidden", "after_due_date", "after_published", "visible"]),
+        help="lab -> when Gradescope shows students the result of a test cell that holds hidden tests (its score "
+             "would tell how the hidden checks went). A lab not listed: after_published. Test cells without hidden "
+             "tests are always visible."
+    ).tag(config=True, env="DTLABS_GRADESCOPE_VISIBILITY")
+    canvas_columns = Dict(
+        key_trait=Unicode(), value_trait=Unicode(),
+        help="lab -> the title of its column in the Canvas gradebook (with or without Canvas's ' (12345)' id). A lab "
+             "not listed uses the roster's column named after it (NN_topic), else a new column NN_topic."
+    ).tag(config=True, env="DTLABS_CANVAS_COLUMNS")
+
     # ---------------------------------------------------------------------------------------------- the launcher
     warm_imports = Bool(
         True, help="Let the launcher's fork server import the distributed stack (DDP, FSDP, DTensor, profiler) while "
@@ -71,6 +92,11 @@ class DTLabs(Configurable):
 
 
 def _from_env(trait, text: str):
+    if isinstance(trait, Dict):  # a JSON object, e.g. DTLABS_DUE_DATES='{"01_ddp_setup": "2025-10-01 23:59:00 UTC"}'
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("a JSON object is needed")
+        return value
     if isinstance(trait, Bool):
         return text.strip().lower() not in _FALSE
     if isinstance(trait, Int):
@@ -89,7 +115,7 @@ def load(config=None, **overrides) -> DTLabs:
         if var and var in os.environ:
             try:
                 setattr(settings, name, _from_env(trait, os.environ[var]))
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, TraitError) as exc:
                 raise ValueError(f"{var}={os.environ[var]!r} is not a valid {name}: {exc}") from None
     for name, value in overrides.items():
         if value is not None:

@@ -189,3 +189,72 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{lab}:")
             for student, points in students.items():
                 terminalreporter.write_line(f"    {student}: {points}")
+
+
+# ------------------------------------------------------------------------------------------ a graded class
+LATE_POLICY = '''
+import math
+from nbgrader.plugins import LateSubmissionPlugin
+
+
+class OnePointPerStartedDay(LateSubmissionPlugin):
+    """The course's late policy: one point per started day past the due date."""
+
+    def late_submission_penalty(self, student_id, score, total_seconds_late):
+        return float(math.ceil(total_seconds_late / 86400))
+
+
+c.AssignLatePenalties.plugin_class = OnePointPerStartedDay
+c.DTLabs.due_dates = {"00_synthetic": "2030-01-10 12:00:00 UTC"}
+'''
+CLASS = {  # student -> (what they submitted, timestamp.txt or None, how it is graded)
+    "ann": ("solution", "2030-01-09 10:00:00 UTC", "grade"),
+    "cat": ("ignores_sign", "2030-01-10 11:00:00 UTC", "grade"),
+    "dan": ("unreadable", None, "grade"),
+    "eve": ("solution", "2030-01-10 18:00:00 UTC", "grade"),  # 6 hours late: one point
+    "bob": ("release", None, "grade-one"),  # graded as a Slurm array task, then merged
+}
+
+
+@pytest.fixture(scope="session")
+def graded_class(tmp_path_factory):
+    """The synthetic course with a late policy in its config, and a class graded by `dtlabs grade` (four students)
+    and `dtlabs grade-one` + `dtlabs merge` (bob): what the exports and the report are built from. Read only."""
+    import shutil
+
+    import nbformat
+    from known_wrong import read_known_wrong
+
+    from lab_utils import cli
+
+    base = tmp_path_factory.mktemp("graded-class")
+    root = make_synthetic_course(base / "course")
+    (root / "grader" / "nbgrader_config.py").write_text((REPO / "grader" / "nbgrader_config.py").read_text()
+                                                        + LATE_POLICY)
+    grading.release([SYNTHETIC_LAB], root=root)
+    rel = nbformat.read(str(root / "labs" / SYNTHETIC_LAB / f"{SYNTHETIC_LAB}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "solutions" / SYNTHETIC_LAB / f"{SYNTHETIC_LAB}.ipynb"), as_version=4)
+    wrong = read_known_wrong(root / "grader" / "known_wrong" / SYNTHETIC_LAB / "ignores_sign.py")
+    answers = {"solution": grading.fill_solutions(rel, src), "release": rel,
+               "ignores_sign": grading.fill_solutions(rel, src, {wrong.replaces: wrong.source})}
+    inbox, array = base / "inbox", base / "array"
+    for student, (what, stamp, how) in CLASS.items():
+        folder = (inbox if how == "grade" else array) / student / SYNTHETIC_LAB
+        folder.mkdir(parents=True)
+        if what == "unreadable":
+            (folder / f"{SYNTHETIC_LAB}.ipynb").write_text("{ this is not a notebook")
+        else:
+            nbformat.write(answers[what], str(folder / f"{SYNTHETIC_LAB}.ipynb"))
+        if stamp:
+            (folder / "timestamp.txt").write_text(stamp)
+    lines = []
+    code = grading.grade([SYNTHETIC_LAB], course_root=root, submissions_dir=inbox, feedback=False, out=lines.append,
+                         progress=False)
+    assert code == 1, "dan's notebook is unreadable: grade must say so\n" + "\n".join(lines)
+    shutil.copytree(array, root / "grader" / "work" / "submitted", dirs_exist_ok=True)
+    results = base / "results"
+    for student in (s for s, (*_, how) in CLASS.items() if how == "grade-one"):
+        assert cli.main(["grade-one", SYNTHETIC_LAB, student, "--out", str(results), "--course-root", str(root)]) == 0
+    assert cli.main(["merge", str(results), "--course-root", str(root)]) == 0
+    shutil.rmtree(results)
+    return root

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from lab_utils.grading import canary, gradebook, sandbox
+from lab_utils.grading.export import outcomes
 from lab_utils.grading.course import WORK, discover_labs, find_course_root, submissions
 from lab_utils.grading.guard import Guard, GuardError
 from lab_utils.grading.nbgrader_run import run_nbgrader
@@ -98,6 +99,7 @@ class _Batch:
         merged = False
         if res is None:
             self.problems.append((lab, student))
+            outcomes.note(self.course_root, lab, student, graded=False, reasons=[failure, put_back])
             self.out(f"   NOT GRADED: {student}/{lab} ({'; '.join(filter(None, [failure, put_back]))})")
         else:
             self.scratch_dirs.append(res.scratch)
@@ -105,6 +107,8 @@ class _Batch:
                 res.reasons.append(put_back)
             merged = res.graded and not res.environment and gradebook.merge(self.course_root, res.scratch, lab, student)
             why = "; ".join(res.reasons)
+            outcomes.note(self.course_root, lab, student, graded=merged, points=res.points if merged else None,
+                          reasons=res.reasons or ([] if merged else ["nbgrader produced no grade"]), seconds=res.seconds)
             if merged:
                 self.manifest[f"{lab}/{student}"] = digest
                 gradebook.write_record(self.course_root, MANIFEST, self.manifest)
@@ -226,7 +230,8 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     guard = None
     if fallback and todo:  # bubblewrap hides all of this from a submission; without it, put back what one changed
         work = course_root / WORK
-        guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / "submitted",
+        guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / outcomes.RECORD,
+                       work / "submitted",
                        *{tdir for *_, tdir in todo}, course_root / "solutions", course_root / "grader", sandbox.PKG_DIR],
                       skip=[work])
         guard.snapshot()
@@ -253,6 +258,8 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
                 why = verdict.explain() if not verdict.ok else "its sandbox failed twice on a machine that grades"
                 for lab_, student_, *_ in todo:
                     batch.problems.append((lab_, student_))
+                    outcomes.note(course_root, lab_, student_, graded=False,
+                                  reasons=[f"environment: {why.splitlines()[0]}"])
                     out(f"   NOT GRADED: {student_}/{lab_} (environment: {why.splitlines()[0]})")
                 stopped = "STOPPED: " + why if not verdict.ok else None
                 break

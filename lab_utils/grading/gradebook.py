@@ -3,7 +3,7 @@
 Each submission is graded in its own scratch course (its own copy of the gradebook), so several can run at
 once and nothing a submission does reaches the course's gradebook. When the sandbox is gone, ``merge`` copies
 the scratch result into the course: the autograded notebook (and nothing else the submission held) into
-``autograded/`` and the scores into the
+``autograded/`` and the scores (with nbgrader's late-submission penalty and the due date it was charged against) into the
 gradebook through nbgrader's own API, which keeps the CSV export, feedback and the formgrader working as usual.
 """
 from __future__ import annotations
@@ -111,7 +111,8 @@ def merge(course_root: Path | str, scratch_root: Path | str, lab: str, student: 
             return False
         grades = {(nb.name, g.name): (g.auto_score, g.needs_manual_grade) for nb in ssub.notebooks for g in nb.grades}
         comments = {(nb.name, c.name): c.auto_comment for nb in ssub.notebooks for c in nb.comments}
-        timestamp = ssub.timestamp
+        penalties = {nb.name: nb.late_submission_penalty for nb in ssub.notebooks}  # nbgrader's late-submission plugin
+        timestamp, duedate = ssub.timestamp, ssub.assignment.duedate
     dest_dir = course_root / WORK / "autograded" / student / lab
     if dest_dir.exists():
         shutil.rmtree(dest_dir)
@@ -129,6 +130,8 @@ def merge(course_root: Path | str, scratch_root: Path | str, lab: str, student: 
     with warnings.catch_warnings(), Gradebook(db_url(course_root)) as gb:
         warnings.simplefilter("ignore")  # SQLAlchemy's autoflush notes while nbgrader replaces a submission
         gb.update_or_create_student(student)
+        if duedate is not None:  # the due date the penalty was charged against (c.DTLabs.due_dates, late.DueDates)
+            gb.update_or_create_assignment(lab, duedate=duedate)
         try:
             gb.remove_submission(lab, student)  # a resubmission replaces the old grades, never silently keeps them
             gb.db.commit()
@@ -142,6 +145,11 @@ def merge(course_root: Path | str, scratch_root: Path | str, lab: str, student: 
         for (nb_name, cid), text in comments.items():
             try:
                 gb.find_comment(cid, nb_name, lab, student).auto_comment = text
+            except MissingEntry:
+                pass
+        for nb_name, penalty in penalties.items():
+            try:
+                gb.find_submission_notebook(nb_name, lab, student).late_submission_penalty = penalty
             except MissingEntry:
                 pass
         gb.db.commit()

@@ -53,6 +53,7 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
     )
 
     from lab_utils import settings
+    from lab_utils.grading.export.late import DueDates
     from lab_utils.grading.feedback import HideHiddenTests
     from lab_utils.grading.split.execute import SplitExecute, execution_config
 
@@ -70,11 +71,12 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
     c.Autograde.create_student = True
     # Split execution (split/execute.py): the cells a student can write run in a sandboxed subject process, the
     # tests in the kernel nbgrader starts, which never executes student code. nbgrader's default list, SplitExecute
-    # in Execute's place.
+    # in Execute's place. DueDates first: the lab's due date (c.DTLabs.due_dates) in the gradebook that
+    # AssignLatePenalties reads (export/late.py).
     if not dt.unsafe_plain_execute:
         c.Autograde.autograde_preprocessors = [
-            SplitExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades, AssignLatePenalties,
-            CheckCellMetadata,
+            DueDates, SplitExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+            AssignLatePenalties, CheckCellMetadata,
         ]
     # Feedback must not show hidden tests (feedback.py); in the config, it applies to `nbgrader generate_feedback`
     # and the formgrader alike.
