@@ -253,8 +253,12 @@ def graded_class(tmp_path_factory):
     assert code == 1, "dan's notebook is unreadable: grade must say so\n" + "\n".join(lines)
     shutil.copytree(array, root / "grader" / "work" / "submitted", dirs_exist_ok=True)
     results = base / "results"
-    for student in (s for s, (*_, how) in CLASS.items() if how == "grade-one"):
-        assert cli.main(["grade-one", SYNTHETIC_LAB, student, "--out", str(results), "--course-root", str(root)]) == 0
+    array_students = [s for s, (*_, how) in CLASS.items() if how == "grade-one"]
+    assert cli.main(["prepare-array", SYNTHETIC_LAB, *array_students, "--out", str(results),
+                     "--course-root", str(root)]) == 0
+    for task in range(len(array_students)):
+        assert cli.main(["grade-one", SYNTHETIC_LAB, "--task", str(task), "--out", str(results),
+                         "--course-root", str(root)]) == 0
     assert cli.main(["merge", str(results), "--course-root", str(root)]) == 0
     shutil.rmtree(results)
     return root

@@ -29,7 +29,7 @@ from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB, TEST_TOKEN_VAR, assert_no_lef
 from known_wrong import read_known_wrong
 
 from lab_utils import grading
-from lab_utils.grading import sandbox
+from lab_utils.grading.boundary import sandbox
 
 REPO = grading.REPO_ROOT
 CHEATS = sorted((REPO / "grader" / "cheats").glob("*.py"))

@@ -88,7 +88,7 @@ def test_no_grading_entry_point_imports_from_or_works_in_the_submissions_folder(
     assert cli.main(["grade-one", LAB, "good", "--out", str(out), "--course-root", str(course)]) == 0
     import json
 
-    result = json.loads((out / "good" / LAB / "result.json").read_text())
+    result = json.loads((out / LAB / "good" / "result.json").read_text())  # RESULTS/<lab>/<student>/
     assert result["graded"] and result["points"] == [4.0, 4.0], result
 
     assert grading.validate(folder / f"{LAB}.ipynb") == 0  # the student's own check, beside their traps

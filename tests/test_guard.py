@@ -1,4 +1,4 @@
-"""lab_utils.grading.guard: what a submission changed in the course while graded without bubblewrap is put back.
+"""lab_utils.grading.boundary.guard: what a submission changed in the course while graded without bubblewrap is put back.
 
 The end-to-end proof is the fallback cheat corpus (tests/test_cheats.py); these tests take each kind of change
 on its own: an edit, a deletion, a new file, a file or a folder swapped for a symbolic link, and a file that
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.grading.guard import Guard, GuardError
+from lab_utils.grading.boundary.guard import Guard, GuardError
 
 
 @pytest.fixture

@@ -121,3 +121,27 @@ def test_merge_with_nothing_to_merge_fails(tmp_path, capsys):
     (tmp_path / "solutions").mkdir()
     assert cli.main(["merge", str(tmp_path / "results"), "--course-root", str(tmp_path)]) == 2
     assert "nothing to merge" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_task_on_a_node_that_cannot_grade_the_lab_grades_no_one(synthetic_course, tmp_path, capsys,
+                                                                 no_leaked_processes):
+    """Each task runs the lab's canary first (as ``dtlabs grade`` does): a node where the lab's own solution does not
+    earn full marks records NOT GRADED with the canary's reason, never a zero."""
+    root = _course(synthetic_course, tmp_path, students=("ann",))
+    results = tmp_path / "results"
+    args = ["--out", str(results), "--course-root", str(root)]
+    assert cli.main(["prepare-array", LAB, *args]) == 0
+    source = root / "solutions" / LAB / f"{LAB}.ipynb"  # what this node has cannot grade: its solution is wrong
+    source.write_text(source.read_text().replace("return a + b", "return a - b"))
+    capsys.readouterr()
+    assert cli.main(["grade-one", LAB, "--task", "0", *args]) == 1
+    out = capsys.readouterr().out
+    ann = json.loads((results / LAB / "ann" / "result.json").read_text())
+    assert not ann["graded"], ann
+    assert "the lab's own solution got 1/3" in " ".join(ann["reasons"]), ann["reasons"]
+    assert "ann/00_synthetic: NOT GRADED" in out
+    assert cli.main(["merge", str(results), "--course-root", str(root)]) == 1
+    assert "NOT GRADED: ann/00_synthetic" in capsys.readouterr().out
+    assert grading.cell_scores(root, LAB, "ann") == {}, "nothing of a node that cannot grade reaches the gradebook"

@@ -1,4 +1,4 @@
-"""lab_utils.grading.sandbox: the subject's file system is right wherever the course, the venv and the scratch
+"""lab_utils.grading.boundary.sandbox: the subject's file system is right wherever the course, the venv and the scratch
 folders live (under /tmp, behind a link, in a path with spaces and non-ASCII letters), and nothing of a course is
 bound into it."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.grading import sandbox
+from lab_utils.grading.boundary import sandbox
 
 ODD = "dtlabs sandbox ü"  # a space and a non-ASCII letter
 

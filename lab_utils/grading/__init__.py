@@ -5,16 +5,16 @@
 | course           | where a course keeps things; which labs exist                                            |
 | nbgrader_run     | run the ``nbgrader`` command for a course root, with limits, leaving no process          |
 | release          | ``labs/`` from ``solutions/`` (generate_assignment), reproducible notebooks              |
-| files            | a submission's files copied as data: no link followed, no special file, within limits    |
 | submission       | one submission graded in a scratch course of its own                                     |
 | batch            | ``dtlabs grade``: a class, ``--jobs N`` at a time, behind the canary; merged, exported  |
 | jobarray         | a class as a job array: prepare once, ``grade-one`` per task, one ``merge``              |
 | canary           | the lab's solution and empty release graded first: a machine that cannot grade refuses  |
 | gradebook        | scores in, scores out; a scratch result merged into the course's gradebook               |
-| guard            | without bubblewrap: what a submission changed in the course, put back and named          |
-| sandbox          | the box a submission's code runs in: bubblewrap, or the fallback, with its limits        |
+| outcomes         | what each grading run said (graded or not, why, seconds), kept beside the gradebook      |
 | feedback         | feedback HTML without hidden tests                                                       |
 | validate         | the student's pre-submission check, with an exit code                                    |
+| boundary/        | the submission kept in: files copied as data, the sandbox, the fallback's course guard   |
+| export/          | grades out: Gradescope autograder, Canvas CSV, late penalties, the class report          |
 | split/           | split execution: answers in the sandboxed subject, tests in the grader kernel            |
 | quality/         | tests of the tests: answer swaps, mutation testing, stress under load                    |
 

@@ -22,12 +22,12 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from lab_utils.grading import canary, gradebook, sandbox
-from lab_utils.grading.export import outcomes
+from lab_utils.grading import canary, gradebook, outcomes
+from lab_utils.grading.boundary import sandbox
 from lab_utils.grading.course import WORK, discover_labs, find_course_root, submissions
-from lab_utils.grading.guard import Guard, GuardError
+from lab_utils.grading.boundary.guard import Guard, GuardError
 from lab_utils.grading.nbgrader_run import run_nbgrader
-from lab_utils.grading.files import copy_submission
+from lab_utils.grading.boundary.files import copy_submission
 from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, Result, grade_submission
 
 def _collect(src: Path, submitted: Path) -> list[str]:

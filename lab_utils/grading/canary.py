@@ -14,6 +14,8 @@ canary again; a submission whose sandbox fails for a reason that is not the stud
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -73,7 +75,7 @@ def _package_digest() -> str:
 def environment_digest(course_root: Path, lab: str, cell_timeout: int | None) -> str:
     """Everything a canary's verdict depends on, as one digest (module docstring)."""
     from lab_utils import settings
-    from lab_utils.grading import sandbox
+    from lab_utils.grading.boundary import sandbox
 
     try:
         import torch
@@ -129,11 +131,29 @@ def check(course_root, lab: str, *, cell_timeout=None, timeout=DEFAULT_SUBMISSIO
 
     course_root = Path(course_root)
     key = environment_digest(course_root, lab, cell_timeout)
-    kept = _read_cache().get(key)
-    if kept and not force:
-        verdict = Verdict(**{**kept, "solution": tuple(kept["solution"]), "release": tuple(kept["release"])})
-        verdict.cached = True
-        return verdict
+    with _one_at_a_time():  # job-array tasks starting together: the first grades the canary, the rest read its verdict
+        kept = _read_cache().get(key)
+        if kept and not force:
+            verdict = Verdict(**{**kept, "solution": tuple(kept["solution"]), "release": tuple(kept["release"])})
+            verdict.cached = True
+            return verdict
+        return _grade_canary(course_root, lab, key, cell_timeout, timeout, out)
+
+
+@contextlib.contextmanager
+def _one_at_a_time():
+    """This user's canaries, one at a time (an flock beside the verdict cache)."""
+    path = cache_path().with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _grade_canary(course_root: Path, lab: str, key: str, cell_timeout, timeout, out) -> Verdict:
     import nbformat
 
     start = time.monotonic()
@@ -194,7 +214,7 @@ def _why(res) -> str:
 def doctor(labs=None, *, course_root=None, cell_timeout=None, out=print) -> int:
     """``dtlabs doctor --grading``: the sandbox this machine grades in (mode, the folders the subject sees) and each
     lab's canary graded now. Returns 0 if every lab can be graded here, else 1."""
-    from lab_utils.grading import sandbox
+    from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.course import discover_labs, find_course_root
 
     course_root = find_course_root(course_root)

@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from lab_utils.grading import gradebook, sandbox
+from lab_utils.grading import canary, gradebook, outcomes
+from lab_utils.grading.boundary import sandbox
 from lab_utils.grading.batch import MANIFEST, record_lab, submission_digest
 from lab_utils.grading.course import WORK, GradingError, discover_labs, submissions
 from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, grade_submission, prepare_template
@@ -136,6 +137,13 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
         print("WARNING: " + sandbox.FALLBACK_WARNING, file=sys.stderr, flush=True)
         reasons.append(f"graded without bubblewrap on {record['host']} (fallback sandbox; install Debian's "
                        "'bubblewrap' on every node that grades)")
+    if not any(sandbox.ENVIRONMENT in r for r in reasons):
+        # as `dtlabs grade` does: this node grades no one until the lab's solution and release grade right here
+        # (the first task of a user on a node grades them; the others read its verdict)
+        verdict = canary.check(course_root, lab, cell_timeout=cell_timeout,
+                               timeout=submission_timeout or DEFAULT_SUBMISSION_TIMEOUT_S, out=out)
+        if not verdict.ok:
+            reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {verdict.explain()}")
     result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": reasons, **record}
     if not any(sandbox.ENVIRONMENT in r for r in reasons):
         try:
@@ -236,6 +244,8 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
                 manifest[key] = info.get("digest")
                 merged += 1
                 got, possible = info["points"]
+                outcomes.note(course_root, lab, student, graded=True, points=info["points"],
+                              reasons=info.get("reasons") or [], seconds=info.get("seconds"))
                 line = f"   {student}/{lab}: {got:g}/{possible:g}"
                 if info.get("reasons") or got == 0:
                     line += f" - {'; '.join(info.get('reasons') or []) or 'no test passed'}"
@@ -243,6 +253,8 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
                 continue
             manifest.pop(key, None)
             bad.append(key)
+            outcomes.note(course_root, lab, student, graded=False, reasons=[why],
+                          seconds=(info or {}).get("seconds"))
             out(f"   NOT GRADED: {student}/{lab} ({why})")
         gradebook.write_record(course_root, MANIFEST, manifest)
     out(f"merged {merged} of {merged + kept + len(bad)}" + (f", kept {kept}" if kept else "") +

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_utils.grading import gradebook
-from lab_utils.grading.files import SubmissionError, copy_submission, regular_notebook
+from lab_utils.grading.boundary.files import SubmissionError, copy_submission, regular_notebook
 from lab_utils.grading.course import WORK, cell_meta, split_hidden
 from lab_utils.grading.nbgrader_run import run_nbgrader
-from lab_utils.grading.sandbox import ENVIRONMENT
+from lab_utils.grading.boundary.sandbox import ENVIRONMENT
 
 # ------------------------------------------------------------------------------------------ grading one
 DEFAULT_SUBMISSION_TIMEOUT_S = 1800.0

@@ -7,9 +7,8 @@
 | autograder  | inside that zip: one submission graded as ``dtlabs grade`` would, written as results.json           |
 | canvas      | ``CanvasExporter``, an nbgrader ExportPlugin: a CSV Canvas's gradebook import takes, by roster      |
 | late        | due dates from the course config into the gradebook, for nbgrader's late-submission plugin         |
-| outcomes    | what each grading run said (graded or not, why, seconds), kept beside the gradebook                 |
 | report      | ``dtlabs report``: what the class got wrong, as one HTML page with its plots                       |
 
 ``bundle/`` holds the zip's scripts. Nothing here imports at package import time: the grading pipeline imports
-``outcomes`` and ``late`` without the rest.
+``late`` without the rest; each run's outcome is ``lab_utils.grading.outcomes``.
 """

@@ -66,7 +66,7 @@ def _readable(notebook: Path) -> None:
     """``ValueError`` unless ``notebook`` is a regular file Jupyter can read as a notebook (checked before anything is
     graded: a student's broken upload costs no canary and no nbgrader run)."""
     from lab_utils.grading.export import cells
-    from lab_utils.grading.files import SubmissionError, regular_notebook
+    from lab_utils.grading.boundary.files import SubmissionError, regular_notebook
 
     try:
         regular_notebook(notebook)
@@ -104,7 +104,7 @@ def template(course: Path, lab: str) -> Path:
 def _stage(submission: Path, notebook: Path, dest: Path, lab: str) -> str:
     """The submission as nbgrader expects it (``dest/<lab>.ipynb`` beside the other files it held); returns the note
     for what was left out. Files are copied as data (``files``): no link followed."""
-    from lab_utils.grading.files import _copy_regular, copy_submission, regular_notebook
+    from lab_utils.grading.boundary.files import _copy_regular, copy_submission, regular_notebook
 
     regular_notebook(notebook)  # a link or a special file: SubmissionError, the student's to fix
     # notebooks (the one graded is copied under the lab's name) and a timestamp.txt (nbgrader's submission time:
@@ -139,9 +139,10 @@ def _graded(manifest: dict, res, hidden: list[str]) -> dict:
 
 def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
     from lab_utils import settings
-    from lab_utils.grading import canary, sandbox
+    from lab_utils.grading import canary
+    from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.export import cells
-    from lab_utils.grading.files import SubmissionError
+    from lab_utils.grading.boundary.files import SubmissionError
     from lab_utils.grading.nbgrader_run import load_config
     from lab_utils.grading.submission import grade_submission
 

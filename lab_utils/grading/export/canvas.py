@@ -112,7 +112,7 @@ class CanvasExporter(ExportPlugin):
         from nbgrader.api import MissingEntry
 
         from lab_utils import settings
-        from lab_utils.grading.export import outcomes
+        from lab_utils.grading import outcomes
 
         if not self.roster:
             raise RosterError("no roster: pass --CanvasExporter.roster=ROSTER.csv (Canvas: Grades > Export)")

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_utils.grading.course import WORK, find_course_root, submissions
-from lab_utils.grading.export import cells, outcomes
+from lab_utils.grading import outcomes
+from lab_utils.grading.export import cells
 
 
 @dataclass

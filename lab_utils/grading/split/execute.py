@@ -29,7 +29,7 @@ from traitlets import Unicode
 
 from lab_utils import settings
 from lab_utils.grading.course import cell_meta
-from lab_utils.grading.sandbox import ENVIRONMENT
+from lab_utils.grading.boundary.sandbox import ENVIRONMENT
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
 

@@ -85,7 +85,7 @@ class _Session:
     """The subject process, its sandbox, and the request/reply loop that streams its output into the cell."""
 
     def __init__(self, workdir: Path, limits=None, report_path: str | None = None, fork_zygote: bool = False):
-        from lab_utils.grading import sandbox
+        from lab_utils.grading.boundary import sandbox
 
         self.workdir = Path(workdir)  # the subject's folder, at the same path on both sides
         self.report_path = report_path
@@ -427,7 +427,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     global _SESSION
     from IPython import get_ipython
 
-    from lab_utils.grading import sandbox as boxes
+    from lab_utils.grading.boundary import sandbox as boxes
 
     shell = get_ipython()
     boxes.require(sandbox)
@@ -443,7 +443,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     import cloudpickle  # noqa: F401 - used by dumps, for every call that crosses
     from IPython.display import publish_display_data  # noqa: F401 - figures from the subject
 
-    from lab_utils.grading.files import copy_submission
+    from lab_utils.grading.boundary.files import copy_submission
 
     work = Path(tempfile.mkdtemp(prefix="dtlabs-subject-", dir=work_root))
     student_dirs = [str(work)] + ([os.path.realpath(workdir)] if workdir else [])

@@ -1,0 +1,8 @@
+"""The boundary between a submission and the grader: what keeps a student's code from changing a grade or a file.
+
+| module  | its one job                                                                                   |
+|---------|-----------------------------------------------------------------------------------------------|
+| files   | a submission's files copied as data: no link followed, no special file, within limits         |
+| sandbox | the box a submission's code runs in: bubblewrap, or the fallback, with its limits and watchdog |
+| guard   | without bubblewrap: what a submission changed in the course, put back and named               |
+"""
