@@ -31,7 +31,8 @@ HOROVOD_REASON = (
 
 def test_lab_utils_imports_no_framework():
     """The frameworks are Lab 10's alone: importing the course package (and what every lab imports) loads none."""
-    code = ("import sys, lab_utils, lab_utils.launch, lab_utils.checks, lab_utils.data, lab_utils.models, lab_utils.proxy;"
+    code = ("import sys, lab_utils, lab_utils.launcher.launch, lab_utils.labkit.checks, lab_utils.labkit.data, "
+            "lab_utils.labkit.models, lab_utils.grading.split.proxy;"
             f"print([m for m in {FRAMEWORKS + ('horovod',)!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", f"importing lab_utils loaded {out}: keep framework imports inside Lab 10's cells"

@@ -7,7 +7,7 @@ def deepspeed_config(stage, micro_batch_size, lr):
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "Adam", "params": {"lr": lr, "torch_adam": True, "weight_decay": 0.0}},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         "fp16": {"enabled": False},
         "bf16": {"enabled": False},
         "steps_per_print": 10**9,

@@ -35,7 +35,8 @@ def fit_with_ray(config, num_workers):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    trainer = TorchTrainer(ray_train_loop, train_loop_config=config,
-                           scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=False),
-                           run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="ray-results-"), name="lab10"))
-    return trainer.fit().return_value
+    with tempfile.TemporaryDirectory(prefix="ray-results-") as storage:   # removed when fit() is done
+        trainer = TorchTrainer(ray_train_loop, train_loop_config=config,
+                               scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=False),
+                               run_config=RunConfig(storage_path=storage, name="lab10"))
+        return trainer.fit().return_value

@@ -10,11 +10,13 @@ def _row(num_params):
             "days": training_days(num_params, tokens, CLUSTER["devices"], CLUSTER["peak_flops"], CLUSTER["mfu"])}
 
 
-from lab_utils.models import tiny_transformer
+def scaling_table():
+    """{model name: _row(its parameter count)} for mlp(), tiny_transformer(), this lab's 3D model, and 7B (in that order)."""
+    from lab_utils.labkit.models import tiny_transformer
 
-SCALING_TABLE = {
-    "Lab 01 mlp()": _row(sum(p.numel() for p in mlp().parameters())),
-    "Lab 03 tiny_transformer()": _row(sum(v.numel() for v in tiny_transformer().state_dict().values())),
-    "this lab's 3D model (2 stages x 1 block, dim 8, hidden 16)": _row(2 * (2 * 16 * 8 + 16 + 8)),
-    "7B": _row(7e9),
-}
+    return {
+        "Lab 01 mlp()": _row(sum(p.numel() for p in mlp().parameters())),
+        "Lab 03 tiny_transformer()": _row(sum(v.numel() for v in tiny_transformer().state_dict().values())),
+        "this lab's 3D model (2 stages x 1 block, dim 8, hidden 16)": _row(2 * (2 * 16 * 8 + 16 + 8)),
+        "7B": _row(7e9),
+    }
