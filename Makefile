@@ -9,6 +9,8 @@ PYTEST_ARGS ?=
 # make test runs on JOBS pytest-xdist workers (3 on 2 cores: grading waits on kernels, sockets and timeouts much of
 # the time); the tests that share a lab's grading (or a cheat corpus) stay on one worker.
 JOBS       ?= 3
+# 1: install Lab 10's optional frameworks extra where the platform has wheels; 0: leave it out
+FRAMEWORKS ?= 1
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 
 .PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade doctor mutate stress stress-tests clean
@@ -21,6 +23,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-compile -e ".[test,bench]"
+	@# Lab 10's frameworks (DeepSpeed, Ray, TensorFlow, Accelerate) where they have wheels: Linux x86_64, Python < 3.14.
+	@# The constraint pins the torch installed above, so no framework can pull another (CUDA) build. FRAMEWORKS=0 skips.
+	@if [ "$(FRAMEWORKS)" != "0" ] && $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' and platform.machine() == 'x86_64' and sys.version_info < (3, 14)))"; then \
+		$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt; \
+		$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[frameworks]"; \
+	else echo "Lab 10's frameworks not installed (FRAMEWORKS=$(FRAMEWORKS), or no wheels for this platform): its framework tests will say so"; fi
 	@# Bytecode on every core at once (pip compiles on one: 30 s of the clean-clone set-up). A file that does not
 	@# compile is not an error here, as under pip: Python reads its source.
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true

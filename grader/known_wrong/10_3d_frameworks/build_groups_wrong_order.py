@@ -1,0 +1,11 @@
+# replaces: build_3d_groups
+# loses: test_build_3d_groups
+# mistake: returns (pp, tp, dp) instead of (pp, dp, tp)
+from torch.distributed.device_mesh import init_device_mesh
+
+
+def build_3d_groups(pp, tp):
+    """(pp_group, dp_group, tp_group) of this rank on a (pp, world // (pp * tp), tp) DeviceMesh."""
+    dp = dist.get_world_size() // (pp * tp)
+    mesh = init_device_mesh(rank_device().type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    return mesh.get_group("pp"), mesh.get_group("tp"), mesh.get_group("dp")

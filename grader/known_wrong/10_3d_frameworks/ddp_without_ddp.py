@@ -1,0 +1,29 @@
+# replaces: train_ddp
+# loses: test_train_ddp
+# mistake: trains the bare model: no DDP, so no broadcast and no gradient averaging
+def train_ddp(model, data, steps, batch_size, lr, seed, optimizer="sgd"):
+    """Your Lab 01 train_ddp, with optimizer "sgd" (SGD(lr)) or "adam" (Adam(lr)). Returns (state, losses)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device = rank_device()
+    model = model.to(device)
+    ddp_model = torch.nn.Module()
+    ddp_model.module = model
+    ddp_model.forward = model.forward
+    ddp_model.parameters = model.parameters
+    sampler = DistributedSampler(data, shuffle=True, seed=seed)
+    loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
+    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(ddp_model.parameters(), lr=lr)
+    losses, epoch = [], 0
+    while len(losses) < steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = F.mse_loss(ddp_model(x.to(device)), y.to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if len(losses) == steps:
+                break
+        epoch += 1
+    return {k: v.detach().cpu().clone() for k, v in ddp_model.module.state_dict().items()}, losses

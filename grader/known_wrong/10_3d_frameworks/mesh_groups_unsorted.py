@@ -1,0 +1,13 @@
+# replaces: mesh_3d_groups
+# loses: test_mesh_3d_groups
+# mistake: lists the pp groups tp-major instead of sorting them by first rank
+def mesh_3d_groups(pp, dp, tp):
+    """All groups of a (pp, dp, tp) mesh, rank = (pp_i * dp + dp_i) * tp + tp_i: {"pp": [...], "dp": [...], "tp": [...]}."""
+    def rank(p, d, t):
+        return (p * dp + d) * tp + t
+
+    return {
+        "pp": [[rank(p, d, t) for p in range(pp)] for t in range(tp) for d in range(dp)],
+        "dp": sorted([rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)),
+        "tp": sorted([rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)),
+    }

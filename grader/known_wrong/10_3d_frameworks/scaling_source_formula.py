@@ -1,0 +1,22 @@
+# replaces: compute_scaling
+# loses: test_compute_scaling
+# mistake: uses the source's N_opt = 20 D^0.7 with C = 6ND instead of D = 20N
+def training_flops(num_params, num_tokens):
+    """Training compute of a dense model: about 6 FLOPs per parameter per token (2 forward, 4 backward)."""
+    return 6 * num_params * num_tokens
+
+
+def mfu(num_params, tokens_per_step, step_seconds, peak_flops):
+    """Model FLOPs utilisation of a measured step: achieved model FLOP/s over the hardware's peak (a fraction)."""
+    return training_flops(num_params, tokens_per_step) / step_seconds / peak_flops
+
+
+def chinchilla_optimal(compute_flops, tokens_per_param=20):
+    """(N_opt, D_opt) for a compute budget C = 6 N D with D = tokens_per_param * N."""
+    d = (compute_flops / 120) ** (1 / 1.7)     # C = 6 N D with N = 20 D^0.7
+    return 20 * d ** 0.7, d
+
+
+def training_days(num_params, num_tokens, num_devices, peak_flops_per_device, mfu):
+    """Wall-clock days of a run of 6ND FLOPs on num_devices devices at the given MFU."""
+    return training_flops(num_params, num_tokens) / (num_devices * peak_flops_per_device * mfu) / 86400

@@ -1,0 +1,68 @@
+"""Lab 10's optional frameworks extra (``pip install .[frameworks]``): where it is installed, what it must not touch,
+and the framework that cannot be installed (Horovod), skipped with the reason measured on this course's machine.
+
+The framework runs themselves are Lab 10's graded cells (DeepSpeed ZeRO 1-3, Ray Train, TensorFlow, and Accelerate
+as a demo), proved by tests/test_labs.py like every lab's: under papermill and in the sandboxed swap session.
+"""
+from __future__ import annotations
+
+import importlib.util
+import platform
+import subprocess
+import sys
+
+import pytest
+
+FRAMEWORKS = ("deepspeed", "ray", "tensorflow", "accelerate")
+# The Makefile installs the extra where the frameworks have wheels (and FRAMEWORKS=0 was not asked for).
+PLATFORM_ALLOWS = platform.system() == "Linux" and platform.machine() == "x86_64" and sys.version_info < (3, 14)
+
+# Measured on this course's machine (Python 3.11, torch 2.13.0+cpu, gcc 12.2, cmake 3.25), 2026-11-24:
+#   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+#   HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation horovod==0.28.1
+# built its bundled gloo for 8 min 48 s and failed on the torch extension (exit 1).
+HOROVOD_REASON = (
+    "horovod 0.28.1 (its last release, June 2023) does not build against torch 2.13: its CMake build compiles the "
+    "torch extension with -std=c++14 and torch's headers stop it ('#error C++17 or later compatible compiler is "
+    "required to use PyTorch.', then \"'is_enum_v' is not a member of 'std'\"); measured: pip install "
+    "--no-build-isolation horovod==0.28.1 failed after 8 min 48 s of compiling"
+)
+
+
+def test_lab_utils_imports_no_framework():
+    """The frameworks are Lab 10's alone: importing the course package (and what every lab imports) loads none."""
+    code = ("import sys, lab_utils, lab_utils.launcher.launch, lab_utils.labkit.checks, lab_utils.labkit.data, "
+            "lab_utils.labkit.models, lab_utils.grading.split.proxy;"
+            f"print([m for m in {FRAMEWORKS + ('horovod',)!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", f"importing lab_utils loaded {out}: keep framework imports inside Lab 10's cells"
+
+
+@pytest.mark.parametrize("module", FRAMEWORKS)
+def test_frameworks_extra_is_installed_where_the_platform_allows(module):
+    if not PLATFORM_ALLOWS:
+        pytest.skip(f"no wheels of Lab 10's frameworks for {platform.system()} {platform.machine()} "
+                    f"Python {sys.version_info.major}.{sys.version_info.minor}: the Makefile leaves the extra out")
+    assert importlib.util.find_spec(module) is not None, (
+        f"{module} is missing: `make install` installs `.[frameworks]` on this platform (FRAMEWORKS=0 leaves it out, "
+        "and Lab 10's framework tests then fail with that message)")
+
+
+def test_frameworks_extra_kept_the_cpu_torch():
+    """Installing the extra must not have replaced the torch wheel (a framework pulling a CUDA build)."""
+    import torch
+
+    if not PLATFORM_ALLOWS or importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("the frameworks extra is not installed here")
+    spec = __import__("os").environ.get("TORCH_SPEC", "")
+    if "==" in spec:
+        assert torch.__version__.split("+")[0] == spec.split("==")[1].strip(), (
+            f"torch is {torch.__version__}, TORCH_SPEC asked for {spec}: installing the extra replaced torch")
+
+
+def test_horovod_builds_against_the_installed_torch():
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError:
+        pytest.skip(HOROVOD_REASON)
+    pytest.fail("horovod imports here now: add it to Lab 10 (and to the frameworks extra) instead of this skip")
