@@ -15,6 +15,9 @@ TEACHER = "dtl-teacher"
 STUDENTS = ("dtl-alice", "dtl-bob")
 GROUPS = {TEACHER: "dtlabs-instructors", **{s: "dtlabs-students" for s in STUDENTS}}
 COURSE_NAME = "Distributed Labs"  # a space in the path, as real folders have
+# the course lives below /tmp (which the sandbox replaces by a private one) in a folder whose name has a space and a
+# non-ASCII letter: the layout that once graded every submission 0 (tests/deploy/test_layouts.py)
+COURSE_PARENT = Path("/tmp/dtlabs courses \u00fc")
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 SYSTEM_PYTHON = "/usr/bin/python3"  # every user can run it (the pyenv under /root is mode 700)
 TIMINGS: dict = {}  # what the deployment took (seconds), printed at the end of the run by conftest.py

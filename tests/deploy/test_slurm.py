@@ -1,5 +1,6 @@
 """The course on a real Slurm (grader/slurm/local-cluster.sh: one node, Debian's slurm-wlm and munge), as the
-instructor, an ordinary user with the course in their home folder, runs it (grader/README.md, "Running the course").
+instructor, an ordinary user with the course in a folder under /tmp whose name has a space and a non-ASCII
+letter, runs it (grader/README.md, "Running the course").
 
 - A class of Lab 01 submissions (good, empty, known-wrong, a cheat from grader/cheats, one whose cell never ends,
   one more good one whose task is cancelled before it runs) graded by ``grade-class.sh --wait`` on a fresh course

@@ -1,6 +1,7 @@
 # replaces: build_3d_groups
 # loses: test_build_3d_groups
 # mistake: builds the mesh as (pp, tp, dp) while naming it (pp, dp, tp)
+# nightly: one more 8-rank group build; build_groups_dp_ignores_tp proves test_build_3d_groups on every push
 from torch.distributed.device_mesh import init_device_mesh
 
 

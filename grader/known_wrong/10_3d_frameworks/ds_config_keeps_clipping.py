@@ -1,6 +1,7 @@
 # replaces: deepspeed_config
 # loses: test_deepspeed_config, test_train_deepspeed
 # mistake: leaves gradient_clipping out, so DeepSpeed clips the gradient norm to 1.0
+# nightly: a second DeepSpeed mistake; its grading re-runs ZeRO training (ds_train_stage0 and ds_config_fixed_train_batch prove these cells on every push)
 def deepspeed_config(stage, micro_batch_size, lr):
     """DeepSpeed config: ZeRO `stage`, fp32, torch's Adam(lr) without weight decay, one micro-batch per step."""
     return {

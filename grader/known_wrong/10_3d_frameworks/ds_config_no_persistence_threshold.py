@@ -1,6 +1,7 @@
 # replaces: deepspeed_config
 # loses: test_deepspeed_config, test_zero_memory
 # mistake: leaves ZeRO-3's persistence threshold at its default: every small parameter stays whole on every rank
+# nightly: a second DeepSpeed mistake; its grading re-runs ZeRO training (ds_train_stage0 and ds_config_fixed_train_batch prove these cells on every push)
 def deepspeed_config(stage, micro_batch_size, lr):
     """DeepSpeed config: ZeRO `stage`, fp32, torch's Adam(lr) without weight decay, one micro-batch per step."""
     return {

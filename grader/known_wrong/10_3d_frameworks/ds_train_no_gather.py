@@ -1,6 +1,7 @@
 # replaces: train_deepspeed
 # loses: test_train_deepspeed
 # mistake: reads the weights without gathering them: under ZeRO-3 every tensor is an empty placeholder
+# nightly: a second DeepSpeed mistake; its grading re-runs ZeRO training (ds_train_stage0 and ds_config_fixed_train_batch prove these cells on every push)
 def train_deepspeed(model, data, steps, batch_size, config, seed):
     """Data-parallel training with a DeepSpeed engine built from `config`; returns (engine, losses)."""
     deepspeed = deepspeed_on_cpu()

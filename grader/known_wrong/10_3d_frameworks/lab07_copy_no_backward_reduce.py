@@ -1,6 +1,7 @@
 # replaces: lab07_pieces
 # loses: test_step_3d, test_step_3d_traffic
 # mistake: copy_to_tp's backward returns the gradient without all-reducing it
+# nightly: one more 8-rank 3D step; step_reduces_over_tp proves test_step_3d and test_step_3d_traffic on every push
 class _CopyToTP(torch.autograd.Function):
     """f: identity forward; all-reduce of the gradient backward."""
 

@@ -1,6 +1,7 @@
 # replaces: ray_train
 # loses: test_ray_train
 # mistake: reports the DDP-wrapped model's state_dict (every key prefixed 'module.')
+# nightly: its grading re-runs a Ray Train fit (about a minute on 2 cores); ray_one_worker proves test_ray_train on every push
 def ray_train_loop(config):
     """One Ray Train worker: Lab 01's DDP loop with prepare_model; returns state, losses, world_size, backend."""
     import ray.train.torch

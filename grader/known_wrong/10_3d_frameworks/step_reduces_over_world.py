@@ -1,6 +1,7 @@
 # replaces: step_3d
 # loses: test_step_3d, test_step_3d_traffic
 # mistake: averages the gradients over the whole world (group=None) instead of dp_group
+# nightly: one more 8-rank 3D step; step_reduces_over_tp proves test_step_3d and test_step_3d_traffic on every push
 def step_3d(shards, micro_batches, targets, pp_group, dp_group, tp_group):
     """One PP x DP x TP training step on this rank (1F1B over pp_group, Megatron blocks over tp_group,
     gradients averaged over dp_group). Returns this replica's loss on the last stage, None elsewhere."""

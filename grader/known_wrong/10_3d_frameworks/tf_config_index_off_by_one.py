@@ -1,6 +1,7 @@
 # replaces: tf_mean_gradient
 # loses: test_tf_mean_gradient
 # mistake: numbers the workers from 1
+# nightly: its grading restarts the TensorFlow workers; tf_sum_not_mean proves test_tf_mean_gradient on every push
 def tf_config(addresses, index):
     """TF_CONFIG for worker `index` of a cluster of workers at `addresses`."""
     return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index + 1}}

@@ -1,6 +1,7 @@
 # replaces: tf_mean_gradient
 # loses: test_tf_mean_gradient
 # mistake: gives each worker only its own address as the cluster
+# nightly: its grading restarts the TensorFlow workers; tf_sum_not_mean proves test_tf_mean_gradient on every push
 def tf_config(addresses, index):
     """TF_CONFIG for worker `index` of a cluster of workers at `addresses`."""
     return {"cluster": {"worker": [addresses[index]]}, "task": {"type": "worker", "index": index}}

@@ -22,6 +22,7 @@ import os
 import pickle
 import selectors
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +114,7 @@ class _Session:
 
     # ---------------------------------------------------------------------------- low level
     def _write_out(self, data: bytes) -> None:
+        self._tail = (getattr(self, "_tail", b"") + data)[-4096:]  # for the reason, if the subject dies
         sys.stdout.write(data.decode("utf-8", "replace"))
         sys.stdout.flush()
 
@@ -136,8 +138,18 @@ class _Session:
         self._drain_output()
         reason = self.box.reason or self.gone_reason
         if not reason:
-            code = self.box.popen.poll()
-            reason = f"it exited with code {code}" if code is not None else "it stopped answering"
+            try:  # the socket closes a moment before the box exits, and its watchdog may be naming the cause
+                code = self.box.popen.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                code = None
+            reason = self.box.reason
+        if not reason:
+            tail = getattr(self, "_tail", b"")
+            if any(m in tail for m in (b"MemoryError", b"Cannot allocate memory", b"bad_alloc", b"out of memory")):
+                reason = (f"memory limit: a process of the submission could not allocate memory under the sandbox's "
+                          f"limit ({self.box.limits.memory_mb} MB)")
+            else:
+                reason = f"it exited with code {code}" if code is not None else "it stopped answering"
         self.gone_reason = reason
         self._report(reason)
         return SubjectGone(f"the student's process is gone ({reason}); nothing the submission defined can run")
