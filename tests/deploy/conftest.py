@@ -97,6 +97,7 @@ def course(passwords, hub_install) -> Path:
     left out: no deployment test uses them)."""
     COURSE_PARENT.mkdir(exist_ok=True)
     os.chmod(COURSE_PARENT, 0o755)
+    shutil.chown(COURSE_PARENT, TEACHER)  # the instructor's folder: their other venvs and builds go beside the course
     dest = COURSE_PARENT / COURSE_NAME
     t0 = time.monotonic()
     copy_course(dest, TEACHER)

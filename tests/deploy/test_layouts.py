@@ -58,7 +58,7 @@ def _grade(python: Path, course: Path, what: str, **env) -> dict:
     t0 = time.monotonic()
     res = run_as(TEACHER, [dtlabs, "grade", LAB, "--submissions", COURSE_PARENT / "inbox ü", "--no-feedback",
                            "--course-root", course], cwd=course,
-                 env=teacher_env(course, PATH=f"{python.parent}:/usr/local/bin:/usr/bin:/bin", **env),
+                 env={**teacher_env(course, **env), "PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin"},
                  check=False, timeout=900)
     TIMINGS[f"layout {what}: canary + 3 Lab 01 submissions"] = time.monotonic() - t0
     assert res.returncode == 0, f"{what}: dtlabs grade exited {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-3000:]}"
