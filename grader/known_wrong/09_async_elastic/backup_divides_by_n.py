@@ -13,11 +13,9 @@ def backup_step(grads, times, b):
 def speculative_step_time(times):
     """Step time when the first idle worker re-executes the slowest shard."""
     n = len(times)
-    if n == 1:
-        return times[0]
     fast = min(range(n), key=lambda i: (times[i], i))
     slow = min(range(n), key=lambda i: (-times[i], i))
-    if slow == fast:
+    if slow == fast:  # one worker, or nobody slower than the first to finish
         return times[slow]
     done = list(times)
     done[slow] = min(times[slow], times[fast] + times[fast])
