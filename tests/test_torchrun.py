@@ -256,3 +256,75 @@ def test_static_host_agent_waits_until_the_others_are_gone(monkeypatch):
     tr._wait_for_other_agents(f"127.0.0.1:{store.port}:1")  # already gone: returns (else the test times out)
     del store
     tr._wait_for_other_agents("127.0.0.1:1:1")  # no harness to ask: gives up (else the test times out)
+
+
+ELASTIC = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    folder = sys.argv[1]
+    ckpt = os.path.join(folder, "step")
+    start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+    print(f"WORLD {world} RANK {rank} FROM {start}", flush=True)
+
+    def first(name):
+        try:
+            os.close(os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            return False
+
+    for step in range(start, 6):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        if rank == 0:
+            open(ckpt + ".tmp", "w").write(str(step + 1))
+            os.replace(ckpt + ".tmp", ckpt)
+        if step + 1 == 2 and world == 2 and rank == 1 and first("left"):
+            print("LEAVE_NOW", flush=True)
+            time.sleep(120)
+        if step + 1 == 4 and world == 1 and first("joined"):
+            print("JOIN_NOW", flush=True)
+            time.sleep(120)
+    print(f"DONE WORLD {world} RANK {rank}", flush=True)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+    """
+)
+
+
+def test_elastic_agent_command_spans_min_to_max():
+    cmd = tr.agent_command("train.py", nnodes=4, rdzv="c10d", min_nodes=2)
+    assert "--nnodes=2:4" in cmd
+    with pytest.raises(ValueError):
+        tr.agent_command("train.py", nnodes=4, rdzv="static", min_nodes=2)
+    with pytest.raises(ValueError):
+        tr.agent_command("train.py", nnodes=2, rdzv="c10d", min_nodes=3)
+
+
+def test_elastic_events_are_checked(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(ValueError):
+        run_nodes(str(script), events={"X": "explode"}, rdzv="c10d")
+    with pytest.raises(ValueError):
+        run_nodes(str(script), events={"X": "leave"}, rdzv="static")
+
+
+@pytest.mark.timeout(240)
+def test_a_node_leaves_and_another_joins_an_elastic_job(tmp_path):
+    script = tmp_path / "elastic.py"
+    script.write_text(ELASTIC)
+    result = run_nodes(str(script), str(tmp_path), nnodes=2, rdzv="c10d", min_nodes=1, max_restarts=3, timeout=150,
+                       rdzv_conf={"last_call_timeout": 1, "keep_alive_interval": 1, "keep_alive_max_heartbeats": 2},
+                       events={"LEAVE_NOW": "leave", "JOIN_NOW": "join"}, quiet=True)
+    assert result.ok, result.output()
+    assert [(e[2], e[3]) for e in result.events] == [("leave", 1), ("join", 2)]
+    assert result.left == [1] and len(result.returncodes) == 3
+    out = result.output()
+    assert "WORLD 1 RANK 0 FROM 2" in out and "WORLD 2 RANK 0 FROM 4" in out and "DONE WORLD 2 RANK 0" in out, out
+    assert processes_of(result.run_id) == []

@@ -23,6 +23,12 @@ What this module adds around torchrun, and why:
   gone) and every agent joins it without hosting (``--rdzv-conf=is_host=false``). A static rendezvous always
   has node 0 host the store, so node 0's agent waits, after torchrun is done, until this process has seen every
   other agent exit (``DTLABS_AGENT_STORE``: where it asks; capped at ``HOST_WAIT_S``).
+- Elastic runs (Lab 09): ``min_nodes`` makes the agents' ``--nnodes=MIN:MAX``, and ``events`` lets the job's own
+  output drive membership, as a cluster would: a line containing a marker mapped to ``"leave"`` kills the node that
+  printed it (its agent and workers at once, like a machine that fails), one mapped to ``"join"`` starts one more
+  agent. The job decides *when* (a worker prints the marker at a chosen step and waits), so where a node leaves or
+  joins is deterministic however loaded the machine is; each marker fires once. A node that left is expected to
+  have exited non-zero: it neither fails the run nor stops the others.
 - Ports: c10d's store listens on a port the OS hands out while it binds, so nobody can take it first. The static
   master port is picked free on 127.0.0.1; if another process takes it first, the whole run is retried on a new
   port. torch reports that (EADDRINUSE) only after a minute of retries, so the harness also looks, once a second
@@ -69,10 +75,13 @@ class TorchrunResult:
     port: int = 0
     run_id: str = ""  # the DTLABS_RUN_ID marker its agents and workers carried
     commands: list = field(default_factory=list)  # each agent's torchrun command line
+    left: list = field(default_factory=list)  # nodes that left on purpose (an ``events`` "leave")
+    events: list = field(default_factory=list)  # (seconds, marker, "leave" or "join", node), in order
 
     @property
     def ok(self) -> bool:
-        return all(code == 0 for code in self.returncodes)
+        """Every agent exited 0, except the nodes that left on purpose (they were killed)."""
+        return all(code == 0 for node, code in enumerate(self.returncodes) if node not in self.left)
 
     def output(self, node: int | None = None) -> str:
         return "\n".join(text for n, text in self.lines if node is None or n == node)
@@ -99,17 +108,23 @@ def free_port() -> int:
 
 def agent_command(script, script_args=(), *, nnodes=2, nproc_per_node=1, node_rank=0, rdzv="static",
                   master_addr=HOST, port=29500, run_id="dtlabs", max_restarts=0, python=None,
-                  rdzv_conf=None) -> list:
+                  rdzv_conf=None, min_nodes=None) -> list:
     """The torchrun command line for one node. On real machines ``master_addr`` is the first node's hostname.
 
     ``rdzv="static"``: every node is told its ``--node-rank`` and the master's address and port; node 0
     hosts the store. ``rdzv="c10d"``: nodes meet at ``--rdzv-endpoint`` and the rendezvous hands out the
     node ranks (``GROUP_RANK``), which is what lets torchrun restart or replace nodes. ``rdzv_conf``: extra
     rendezvous settings, e.g. ``{"is_host": "false"}`` for a c10d agent that joins a store it does not host.
+    ``min_nodes``: an elastic job, ``--nnodes=MIN:MAX`` with ``nnodes`` as MAX (c10d only): the job runs on any
+    number of nodes in that range and restarts its workers when a node leaves or joins.
     """
     if rdzv not in ("static", "c10d"):
         raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
-    cmd = [python or sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+    if min_nodes is not None and (rdzv != "c10d" or not 1 <= min_nodes <= nnodes):
+        raise ValueError(f"an elastic job needs c10d rendezvous and 1 <= min_nodes <= nnodes, got rdzv={rdzv!r}, "
+                         f"min_nodes={min_nodes}, nnodes={nnodes}")
+    span = nnodes if min_nodes is None else f"{min_nodes}:{nnodes}"
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", f"--nnodes={span}",
            f"--nproc-per-node={nproc_per_node}"]
     if rdzv == "static":
         cmd += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}"]
@@ -212,55 +227,65 @@ def _run_store():
                     timeout=timedelta(seconds=30))
 
 
-def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd, quiet, port):
+def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd, quiet, port,
+          min_nodes=None, max_nodes=None, rdzv_conf=None, events=None):
     run_id = uuid.uuid4().hex[:12]
-    agent_env = _agent_env(run_id, nnodes * nproc_per_node, env)
-    events: queue.Queue = queue.Queue()
+    max_nodes = max_nodes or nnodes
+    agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env)
+    queued: queue.Queue = queue.Queue()
     procs, seen, lines, commands = [], [], [], []
-    open_streams = nnodes
+    fired, left = [], set()  # (seconds, marker, action, node) of each event; nodes that left on purpose
+    pending = dict(events or {})
     clash = False
     store = _run_store()
-    rdzv_conf = {}
+    conf = {}
     if rdzv == "c10d":  # every agent joins the store hosted here; none hosts it, so none can take it away
-        port, rdzv_conf = store.port, {"is_host": "false"}
+        port, conf = store.port, {"is_host": "false"}
+    conf.update(rdzv_conf or {})
     exited = set()
-    failed_at = None  # when the first agent exited with a non-zero code
+    failed_at = None  # when the first agent exited with a non-zero code (a node that left does not count)
     port_ok = False  # a static run: node 0's agent is listening on the master port
     start = next_scan = time.monotonic()
+
+    def start_agent(node):
+        cmd = agent_command(script, script_args, nnodes=max_nodes, nproc_per_node=nproc_per_node, node_rank=node,
+                            rdzv=rdzv, port=port, run_id=run_id, max_restarts=max_restarts, rdzv_conf=conf,
+                            min_nodes=min_nodes)
+        node_env = agent_env
+        if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
+            node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
+        # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
+        shim = [sys.executable, "-m", "lab_utils.labkit.torchrun", "--agent", str(os.getpid()), *cmd[3:]]
+        proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
+        procs.append(proc)
+        commands.append(cmd)
+        processes.pump_lines(proc.stdout.fileno(), lambda text, n=node: queued.put((n, text)),
+                             lambda n=node: queued.put((n, None)))
+
     try:
         for node in range(nnodes):
-            cmd = agent_command(script, script_args, nnodes=nnodes, nproc_per_node=nproc_per_node,
-                                node_rank=node, rdzv=rdzv, port=port, run_id=run_id, max_restarts=max_restarts,
-                                rdzv_conf=rdzv_conf)
-            node_env = agent_env
-            if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
-                node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
-            # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
-            shim = [sys.executable, "-m", "lab_utils.labkit.torchrun", "--agent", str(os.getpid()), *cmd[3:]]
-            proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
-            procs.append(proc)
-            commands.append(cmd)
-            processes.pump_lines(proc.stdout.fileno(), lambda text, n=node: events.put((n, text)),
-                                 lambda n=node: events.put((n, None)))
+            start_agent(node)
+        open_streams = nnodes
         while open_streams or any(p.poll() is None for p in procs):
             for node, proc in enumerate(procs):
                 if node not in exited and proc.poll() is not None:
                     exited.add(node)
                     if node > 0:
                         store.add(EXITED_KEY, 1)
-                    if proc.returncode != 0 and failed_at is None:
+                    if proc.returncode != 0 and failed_at is None and node not in left:
                         failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILED_GRACE_S and any(
                     p.poll() is None for p in procs):
-                gave_up = [n for n, p in enumerate(procs) if p.poll() not in (None, 0)]
+                gave_up = [n for n, p in enumerate(procs) if p.poll() not in (None, 0) and n not in left]
                 waiting = [n for n, p in enumerate(procs) if p.poll() is None]
                 lines.append((gave_up[0], f"the agent of node {gave_up[0]} exited with code "
                               f"{procs[gave_up[0]].returncode}; the agents of nodes {waiting} were still waiting for "
                               f"it {FAILED_GRACE_S:g} s later (torchrun's exit barrier or a rendezvous): stopped them"))
                 break
             if timeout is not None and time.monotonic() - start > timeout:
-                result = TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id, commands)
+                result = TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id,
+                                        commands, sorted(left), fired)
                 raise TorchrunTimeout(
                     f"torchrun did not finish within {timeout} s: every agent and worker has been killed. "
                     "A worker that waits for a peer which never comes (a rank that died outside a restartable "
@@ -277,7 +302,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                         break
                     port_ok = bool(owners)
             try:
-                node, text = events.get(timeout=0.05)
+                node, text = queued.get(timeout=0.05)
             except queue.Empty:
                 continue
             if text is None:
@@ -289,13 +314,49 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                 break
             if not quiet:
                 print(f"[node {node}] {text}", flush=True)
-        return TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id, commands), clash
+            for marker in [m for m in pending if m in text]:
+                action = pending.pop(marker)
+                seconds = round(time.monotonic() - start, 2)
+                if action == "leave":  # the node fails as a machine does: agent and workers gone at once
+                    left.add(node)
+                    _remember_children(procs, seen)
+                    _kill_node(procs[node])
+                    fired.append((seconds, marker, "leave", node))
+                    msg = f"node {node} left the job (its agent and workers were killed)"
+                else:
+                    start_agent(len(procs))
+                    open_streams += 1
+                    fired.append((seconds, marker, "join", len(procs) - 1))
+                    msg = f"node {len(procs) - 1} joins the job (a new agent)"
+                lines.append((node, f"[torchrun harness] {msg}"))
+                if not quiet:
+                    print(f"[torchrun harness] {msg}", flush=True)
+        return TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id, commands,
+                              sorted(left), fired), clash
     finally:
         _reap(procs, seen, run_id)
         for proc in procs:
             if proc.stdout:
                 proc.stdout.close()
         del store  # only now: every agent is gone
+
+
+def _kill_node(proc) -> None:
+    """SIGKILL one agent and its workers (each in its own session) now: a node that fails."""
+    import psutil
+
+    try:
+        victims = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        victims = []
+    processes.killpg_quiet(proc.pid)
+    for p in victims:
+        try:
+            if os.getpgid(p.pid) == p.pid:
+                processes.killpg_quiet(p.pid)
+            p.kill()
+        except (psutil.Error, OSError):
+            pass
 
 
 def _listeners(port: int) -> set:
@@ -325,13 +386,26 @@ def _remember_children(procs, seen):
 
 
 def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", max_restarts=0, timeout=60,
-              env=None, cwd=None, check=True, quiet=False) -> TorchrunResult:
+              env=None, cwd=None, check=True, quiet=False, min_nodes=None, max_nodes=None, rdzv_conf=None,
+              events=None) -> TorchrunResult:
     """Run ``script`` under ``nnodes`` torchrun agents on loopback, each with ``nproc_per_node`` workers.
 
     Returns a ``TorchrunResult``. Raises ``TorchrunTimeout`` past ``timeout`` seconds and, with ``check``,
     ``TorchrunError`` when an agent fails. In every case, including ``KeyboardInterrupt``, every agent and
     worker of the run is dead when this returns or raises. ``env`` adds variables for agents and workers.
+
+    Elastic jobs (c10d): ``min_nodes`` and ``max_nodes`` (default ``nnodes``) give every agent
+    ``--nnodes=MIN:MAX``; ``rdzv_conf`` adds rendezvous settings (``last_call_timeout``, ``keep_alive_interval``,
+    ...); ``events`` maps a marker to ``"leave"`` or ``"join"``: the first line containing the marker kills the
+    node that printed it, or starts one more agent (module docstring).
     """
+    for marker, action in (events or {}).items():
+        if action not in ("leave", "join") or not marker:
+            raise ValueError(f"events map a marker to 'leave' or 'join', got {marker!r}: {action!r}")
+    if (min_nodes is not None or events) and rdzv != "c10d":
+        raise ValueError("an elastic job (min_nodes, events) needs rdzv='c10d'")
+    if max_nodes is not None and max_nodes < nnodes:
+        raise ValueError(f"max_nodes={max_nodes} is less than the {nnodes} nodes started")
     if not os.path.exists(os.path.join(cwd or ".", str(script))):
         raise FileNotFoundError(f"no script {script!r} to run (write it first, e.g. with write_script)")
     if nnodes < 1 or nproc_per_node < 1:
@@ -339,12 +413,12 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
     for attempt in range(1, PORT_RETRIES + 1):
         port = free_port()
         result, clash = _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd,
-                              quiet, port)
+                              quiet, port, min_nodes, max_nodes, rdzv_conf, events)
         if not clash or attempt == PORT_RETRIES:
             break
         print(f"[torchrun] port {port} was taken by another process; retrying on a new port", flush=True)
     if check and not result.ok:
-        codes = ", ".join(f"node {n}: {c}" for n, c in enumerate(result.returncodes))
+        codes = ", ".join(f"node {n}: {c}" for n, c in enumerate(result.returncodes) if n not in result.left)
         raise TorchrunError(f"torchrun failed (exit codes {codes}); the output above shows which rank failed "
                             "first (look for the first Traceback).", result)
     return result
