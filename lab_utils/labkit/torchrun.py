@@ -338,7 +338,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         for proc in procs:
             if proc.stdout:
                 proc.stdout.close()
-        del store  # only now: every agent is gone
+        store = None  # closed only now (its last reference): every agent is gone
 
 
 def _kill_node(proc) -> None:
