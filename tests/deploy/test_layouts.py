@@ -3,8 +3,8 @@ instructor (an ordinary user), from a course under /tmp whose folder name has a 
 
 The three layouts of a grading host:
 - (a) the course's own venv from ``make install`` (editable), bubblewrap: the ``course`` fixture is that layout, and
-  tests/deploy/test_slurm.py grades a class in it with ``dtlabs grade --jobs 2`` and as a Slurm array; here it is
-  graded once more, on its own, so the matrix's figures come from one place;
+  tests/deploy/test_slurm.py grades a class in it (good, empty, known-wrong, a cheat, a hanging cell) with
+  ``dtlabs grade --jobs 2`` and as a Slurm array, with the same assertions as here;
 - (b) a plain ``pip install`` of the wheel into a separate venv (its path with a space too), no editable package;
 - (c) the fallback sandbox (``DTLABS_SANDBOX=off``), as on a host without bubblewrap.
 Each must give full marks / 0 / less than full, behind the lab's canary, with exit code 0 and nothing NOT GRADED.
@@ -74,12 +74,6 @@ def _grade(python: Path, course: Path, what: str, **env) -> dict:
     assert empty == (0, good[1]), f"{what}: the empty release got {empty}\n{res.stdout[-3000:]}"
     assert 0 < wrong[0] < wrong[1], f"{what}: the known-wrong answer got {wrong}\n{res.stdout[-3000:]}"
     return points
-
-
-@pytest.mark.timeout(900)
-def test_a_course_under_tmp_with_its_own_venv(course, layout_course):
-    """(a) the editable install `make install` made in the course under /tmp, with bubblewrap."""
-    _grade(course / ".venv" / "bin" / "python", layout_course, "(a) make install under /tmp, bubblewrap")
 
 
 @pytest.mark.timeout(900)

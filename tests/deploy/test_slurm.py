@@ -99,6 +99,8 @@ def test_grading_array_equals_dtlabs_grade(course, slurm, capsys):
     assert set(expected) == set(ROSTER[:-1]), direct.stdout
     full = sum(m for _, m in expected["good"].values())
     total = {s: sum(v for v, _ in cells.values()) for s, cells in expected.items()}
+    TIMINGS["layout (a) make install under /tmp, bubblewrap: points good/empty/wrong"] = \
+        f"{total['good']:g}/{full:g} {total['empty']:g}/{full:g} {total['wrong']:g}/{full:g}"
     assert total["good"] == full and total["empty"] == 0 and 0 < total["wrong"] < full, total
     assert expected["cheat"]["test_ring_all_reduce"][0] == 0, "the cheat must not pass the cell it attacks"
     assert expected["hangs"]["test_ring_all_reduce"][0] == 0 and "ran past its time limit" in direct.stdout
