@@ -6,9 +6,10 @@ TORCH_SPEC ?= torch>=2.4
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# make test runs on JOBS pytest-xdist workers (3 on 2 cores: grading waits on kernels, sockets and timeouts much of
-# the time); the tests that share a lab's grading (or a cheat corpus) stay on one worker.
-JOBS       ?= 3
+# make test runs on JOBS pytest-xdist workers (4 on 2 cores: with 3, the cores were busy 65% of the run, as grading
+# waits on kernels, sockets, deadline-bound mutants and torchrun much of the time); the tests that share a lab's
+# grading (or a cheat corpus) stay on one worker, and the longest start first (tests/conftest.py, EXPECTED_S).
+JOBS       ?= 4
 # 1: install Lab 10's optional frameworks extra where the platform has wheels; 0: leave it out
 FRAMEWORKS ?= 1
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
@@ -47,7 +48,7 @@ lab: $(VENV)/.installed  ## create .venv, install, open JupyterLab on labs/
 bytecode: $(VENV)/.installed
 	$(PY) -m compileall -qq lab_utils
 
-test: bytecode  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=3 workers)
+test: bytecode  ## create .venv, install, run every test (CPU; GPU tests skip without CUDA; JOBS=4 workers)
 	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); they skip with a reason without CUDA

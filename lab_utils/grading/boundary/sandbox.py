@@ -275,6 +275,21 @@ def folder_bytes(folder: Path, stop_at: int) -> int:
     return total + (entries // 1000 << 20)
 
 
+def _memory(procs, kind: str) -> int:
+    """Bytes of memory of ``procs``: ``rss`` (fast) or ``pss`` (shared pages divided among the processes mapping
+    them, so a sum over processes counts each page once; read from /proc/PID/smaps_rollup)."""
+    import psutil
+
+    total = 0
+    for p in procs:
+        try:
+            info = p.memory_full_info() if kind == "pss" else p.memory_info()
+            total += getattr(info, kind, None) or info.rss
+        except psutil.Error:
+            pass
+    return total
+
+
 def _limit_resources(memory_mb: int) -> None:  # runs in the child between fork and exec
     import resource
 
@@ -319,18 +334,18 @@ class Box:
             if len(procs) > self.limits.max_procs:
                 self.kill(f"process limit: the submission started more than {self.limits.max_procs} processes")
                 return
-            rss = 0
-            for p in procs:
-                try:
-                    rss += p.memory_info().rss
-                except psutil.Error:
-                    pass
+            grown = 0
             if self.caller_baseline is not None:  # the grader holding what the submission sent it
-                rss += max(0, me.memory_info().rss - self.caller_baseline)
-            if rss > self.limits.memory_mb << 20:
-                self.kill(f"memory limit: the submission's processes used {rss >> 20} MB "
-                          f"(limit {self.limits.memory_mb} MB)")
-                return
+                grown = max(0, me.memory_info().rss - self.caller_baseline)
+            limit = self.limits.memory_mb << 20
+            # RSS first (cheap); a sum of RSS counts each shared page (libtorch, a framework's shared memory) once per
+            # process that maps it, so over the limit the decision is taken on PSS, where shared pages count once
+            if _memory(procs, "rss") + grown > limit:
+                used = _memory(procs, "pss") + grown
+                if used > limit:
+                    self.kill(f"memory limit: the submission's processes used {used >> 20} MB "
+                              f"(limit {self.limits.memory_mb} MB)")
+                    return
 
     def rebase_caller(self) -> None:
         """Count the starting process's growth from now (after its own start-up imports)."""
