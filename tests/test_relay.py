@@ -2,25 +2,13 @@
 process, the results are what gloo would give, and what a rank sends cannot make the relay misbehave."""
 from __future__ import annotations
 
-import os
-import socket
 import struct
 
 import pytest
 import torch
 
 from lab_utils import RankFailedError, Traffic, launch
-from lab_utils.launcher import relay
-
-
-def _connect(sock, address):
-    """Connect as a rank does: pytest's tmp_path may be longer than a Unix socket address holds."""
-    path, fd = relay._connect_path(address)
-    try:
-        sock.connect(path)
-    finally:
-        if fd is not None:
-            os.close(fd)
+from lab_utils.launcher import relay, wire
 
 
 def _ring_pair():
@@ -132,8 +120,7 @@ def test_a_frame_declared_over_the_limit_is_refused_before_it_is_read(tmp_path):
     traffic = Traffic()
     r = traffic.start(1, directory=str(tmp_path))
     try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        _connect(s, r.address)
+        s = wire.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
         relay._send(s, {"op": "hello", "rank": 0})
         s.sendall(struct.pack("!II", 10, 1_500_000_000))  # 1.4 GB declared, never sent
         s.settimeout(10)
@@ -200,13 +187,12 @@ def test_a_second_connection_in_a_joined_rank_s_name_is_refused(tmp_path):
     traffic = Traffic()
     r = traffic.start(1, directory=str(tmp_path))
     try:
-        first, second = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
-        _connect(first, r.address)
+        first = wire.connect_unix(r.address)
         relay._send(first, {"op": "hello", "rank": 0})
         first.settimeout(10)
         relay._send(first, {"id": 1, "op": "barrier", "group": [0], "seq": 1})
         assert relay._recv(first)[0] == {"id": 1, "error": None}
-        _connect(second, r.address)
+        second = wire.connect_unix(r.address)
         second.settimeout(10)
         try:
             relay._send(second, {"op": "hello", "rank": 0})
@@ -224,8 +210,7 @@ def test_a_send_outside_the_group_or_to_oneself_is_named(tmp_path):
     traffic = Traffic()
     r = traffic.start(2, directory=str(tmp_path))
     try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        _connect(s, r.address)
+        s = wire.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
         s.settimeout(10)
         relay._send(s, {"op": "hello", "rank": 0})
         relay._send(s, {"id": 1, "op": "send", "group": [0, 1], "peer": 5, "dtype": "float32", "shape": [1]}, b"\0" * 4)

@@ -23,18 +23,12 @@ import threading
 import time
 import uuid
 
+from lab_utils.launcher import wire
+
 __all__ = ["CountedLock", "LockClient"]
 
 MAX_CONNECTIONS = 256
 _ACQUIRE, _RELEASE, _GRANTED, _RELEASED = b"A", b"R", b"G", b"K"
-
-
-def _connect_path(path: str):
-    """An address for ``path`` that fits a Unix socket address (108 bytes): through /proc/self/fd when long."""
-    if len(path.encode()) < 100:
-        return path, None
-    fd = os.open(os.path.dirname(path), os.O_PATH)
-    return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
 
 
 class CountedLock:
@@ -51,14 +45,7 @@ class CountedLock:
         self._t0 = time.monotonic()
         self._conns: list = []
         self._closed = False
-        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        bind, fd = _connect_path(self.address)
-        try:
-            self._srv.bind(bind)
-        finally:
-            if fd is not None:
-                os.close(fd)
-        self._srv.listen(64)
+        self._srv = wire.listen_unix(self.address, MAX_CONNECTIONS)
         threading.Thread(target=self._accept, name="dtlabs-counted-lock", daemon=True).start()
 
     def client(self) -> LockClient:
@@ -77,16 +64,7 @@ class CountedLock:
 
     def close(self) -> None:
         self._closed = True
-        for s in (self._srv, *self._conns):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        try:
-            os.unlink(self.address)
-        except OSError:
-            pass
+        wire.close_unix(self.address, self._srv, *self._conns)
 
     def __enter__(self):
         return self
@@ -157,13 +135,7 @@ class LockClient:
 
     def _conn(self):
         if self._sock is None or self._pid != os.getpid():  # a forked child never shares its parent's connection
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            path, fd = _connect_path(self.address)
-            try:
-                sock.connect(path)
-            finally:
-                if fd is not None:
-                    os.close(fd)
+            sock = wire.connect_unix(self.address)
             self._sock, self._pid = sock, os.getpid()
         return self._sock
 

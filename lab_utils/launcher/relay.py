@@ -28,6 +28,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from lab_utils.launcher import wire
+
 BACKEND = "dtrelay"
 _HEAD = struct.Struct("!II")  # header length, payload length
 MAX_HEADER = 64 << 10
@@ -136,14 +138,6 @@ def _recv(sock, max_payload: int = MAX_PAYLOAD):
     return header, payload
 
 
-def _connect_path(path: str) -> tuple[str, int | None]:
-    """An address for ``path`` that fits a Unix socket address (108 bytes): through /proc/self/fd when it is long."""
-    if len(path.encode()) < 100:
-        return path, None
-    fd = os.open(os.path.dirname(path), os.O_PATH)
-    return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
-
-
 def _dtypes():
     import torch
 
@@ -194,31 +188,14 @@ class Relay:
         self._buffered = 0
         self._conns: list[socket.socket] = []
         self._stopped = False
-        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        bind, fd = _connect_path(self.address)
-        try:
-            self._srv.bind(bind)
-        finally:
-            if fd is not None:
-                os.close(fd)
-        os.chmod(self.address, 0o600)
-        self._srv.listen(64)
+        self._srv = wire.listen_unix(self.address)
         threading.Thread(target=self._accept, name="dtlabs-relay", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped = True
         with self._cond:
             self._cond.notify_all()
-        for s in (self._srv, *self._conns):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        try:
-            os.unlink(self.address)
-        except OSError:
-            pass
+        wire.close_unix(self.address, self._srv, *self._conns)
         if self._tmp:
             os.rmdir(self._tmp)
 
@@ -467,13 +444,7 @@ class _Connection:
     """A rank's one connection to the relay; calls are answered in any order, matched by id."""
 
     def __init__(self, address: str, rank: int):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        path, fd = _connect_path(address)
-        try:
-            self.sock.connect(path)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        self.sock = wire.connect_unix(address)
         self.lock = threading.Lock()
         self.pending: dict = {}
         self.ids = itertools.count()
