@@ -1,11 +1,13 @@
 """The cheat corpus (grader/cheats/, see its README) graded the way an instructor grades: no cheat gains anything,
 nothing of the course changes, a victim graded after every attacker keeps full marks, nothing survives.
 
-make test grades every cheat against Lab 01 with bubblewrap (where it works), and the cheats whose defence depends
-on the sandbox mode again in the fallback (DTLABS_SANDBOX=off), against the synthetic lab: the same attacks on the
-same grading pipeline, at a few seconds per submission instead of a torch kernel, subject and rank server each.
-DTLABS_FULL=1 (the nightly job) also grades the fallback against Lab 01. Where bubblewrap cannot run, make test
-grades Lab 01 in the fallback.
+make test grades, with bubblewrap (where it works), the attacks that need Lab 01's own code (header ``# needs:``:
+its ranks, torch, ``ring_all_reduce``) against Lab 01 and every other attack against the synthetic lab: the same
+attacks on the same grading pipeline, at a few seconds per submission instead of a torch kernel, subject and rank
+server each. The cheats whose defence depends on the sandbox mode are graded again in the fallback
+(DTLABS_SANDBOX=off), against the synthetic lab. DTLABS_FULL=1 (the nightly job) grades the whole corpus against
+Lab 01 with bubblewrap, and the fallback set against Lab 01 too. Where bubblewrap cannot run, make test grades
+Lab 01 in the fallback.
 
 In the fallback nothing stops a submission from writing what it finds, so the attacks that search the machine for
 gradebooks and submissions really write them (and the course guard must put them back): there they search only
@@ -89,7 +91,7 @@ SYNTHETIC = Target(SYNTHETIC_LAB, "add", "test_add", "ignores_sign.py", (0.0, 2.
 def _header(path: Path) -> dict:
     head = {}
     for line in path.read_text().splitlines():
-        m = re.match(r"^#\s*(attack|defended-by|tamper|links|ships)\s*:\s*(.*)$", line)
+        m = re.match(r"^#\s*(attack|defended-by|needs|tamper|links|ships)\s*:\s*(.*)$", line)
         if m:
             head[m.group(1)] = m.group(2).strip()
         elif not line.startswith("#"):
@@ -97,13 +99,32 @@ def _header(path: Path) -> dict:
     return head
 
 
-def _corpus(mode: str) -> list[Path]:
-    """Every cheat with the sandbox. In the fallback, those whose defence depends on the sandbox mode (not `split`
+@dataclass(frozen=True)
+class Run:
+    """One corpus: the sandbox mode, the lab it is graded against, and which attacks (``"all"``; ``"needs"``: those
+    that need Lab 01's own code; ``"rest"``: every other one)."""
+
+    mode: str
+    target: Target
+    which: str = "all"
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode}-{self.target.lab}" + ("" if self.which == "all" else f"-{self.which}")
+
+
+def _corpus(run: Run) -> list[Path]:
+    """The attacks of ``run``. In the fallback, only those whose defence depends on the sandbox mode (not `split`
     alone: that is the same code in both)."""
     def in_fallback(head):  # split and files: the same code with or without bubblewrap
         return head.get("defended-by", "").replace(" ", "") not in ("split", "files")
 
-    return [p for p in CHEATS if mode == "bwrap" or in_fallback(_header(p))]
+    def wanted(head):
+        if run.which != "all" and bool(head.get("needs")) != (run.which == "needs"):
+            return False
+        return run.mode == "bwrap" or in_fallback(head)
+
+    return [p for p in CHEATS if wanted(_header(p))]
 
 
 def _tree_digest(root: Path) -> dict:
@@ -124,7 +145,8 @@ def _cut(nb, grade_id):
     return nb
 
 
-def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
+def _grade_corpus(root: Path, run: Run, monkeypatch) -> dict:
+    mode, target = run.mode, run.target
     lab = target.lab
     target.course(root)
     rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
@@ -138,7 +160,7 @@ def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
         monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     grading.submit(root, "honest", lab, _cut(grading.fill_solutions(rel, src, {target.answer: honest.source}),
                                              target.test))
-    for path in _corpus(mode):
+    for path in _corpus(run):
         head = _header(path)
         nb = grading.fill_solutions(rel, src, {target.answer: honest.source + "\n\n\n" + target.attack(path, search_root)})
         if head.get("tamper"):
@@ -178,26 +200,25 @@ def _grade_corpus(root: Path, mode: str, target: Target, monkeypatch) -> dict:
 # Under pytest-xdist one worker grades a corpus and runs its tests (module docstring: which corpora run when).
 FULL = os.environ.get("DTLABS_FULL", "") not in ("", "0")
 if not sandbox.bwrap_path():
-    RUNS = [("fallback", LAB01)]
+    RUNS = [Run("fallback", LAB01)]
 elif FULL:
-    RUNS = [("bwrap", LAB01), ("fallback", LAB01), ("fallback", SYNTHETIC)]
+    RUNS = [Run("bwrap", LAB01), Run("fallback", LAB01), Run("fallback", SYNTHETIC)]
 else:
-    RUNS = [("bwrap", LAB01), ("fallback", SYNTHETIC)]
+    RUNS = [Run("bwrap", LAB01, "needs"), Run("bwrap", SYNTHETIC, "rest"), Run("fallback", SYNTHETIC)]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(r, id=f"{r[0]}-{r[1].lab}",
-                                                     marks=pytest.mark.xdist_group(f"cheats-{r[0]}-{r[1].lab}"))
+@pytest.fixture(scope="module", params=[pytest.param(r, id=r.name, marks=pytest.mark.xdist_group(f"cheats-{r.name}"))
                                         for r in RUNS])
 def corpus(request, tmp_path_factory):
-    mode, target = request.param
+    run = request.param
     mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp(f"cheats-{mode}") / "course"
+    root = tmp_path_factory.mktemp(f"cheats-{run.mode}") / "course"
     root.mkdir()
     try:
-        result = _grade_corpus(root, mode, target, mp)
+        result = _grade_corpus(root, run, mp)
     finally:
         mp.undo()
-    result.update(root=root, mode=mode, target=target)
+    result.update(root=root, run=run, mode=run.mode, target=run.target)
     return result
 
 
@@ -223,7 +244,7 @@ def test_no_cheat_gains_anything(corpus):
     cheat that gained and its grading line."""
     honest = _scores(corpus, "honest")
     gains = []
-    for path in _corpus(corpus["mode"]):
+    for path in _corpus(corpus["run"]):
         got = _scores(corpus, f"cheat_{path.stem}")
         gained = {gid: s for gid, s in got.items() if s[0] > honest.get(gid, (0, 0))[0]}
         if gained:
@@ -258,7 +279,7 @@ def test_no_hidden_test_reaches_a_cheats_output(corpus):
     hidden = [line.strip() for c in src.cells for line in c.source.split("### BEGIN HIDDEN TESTS")[1:]
               for line in line.split("### END HIDDEN TESTS")[0].splitlines() if len(line.strip()) > 20]
     assert hidden and (t.lab != SYNTHETIC_LAB or any(HIDDEN_SOURCE in h for h in hidden))
-    for path in _corpus(corpus["mode"]):
+    for path in _corpus(corpus["run"]):
         nb_path = corpus["root"] / "grader" / "work" / "autograded" / f"cheat_{path.stem}" / t.lab / f"{t.lab}.ipynb"
         if not nb_path.is_file():
             continue
@@ -273,9 +294,11 @@ def test_no_hidden_test_reaches_a_cheats_output(corpus):
 @pytest.mark.timeout(1500)
 def test_limits_and_reasons_are_reported(corpus):
     lines = "\n".join(corpus["lines"])
-    graded = {p.stem for p in _corpus(corpus["mode"])}
-    assert re.search(r"cheat_memory_hog/.*memory limit", lines), lines
-    assert re.search(r"cheat_fork_flood/.*process limit", lines), lines
+    graded = {p.stem for p in _corpus(corpus["run"])}
+    if "memory_hog" in graded:
+        assert re.search(r"cheat_memory_hog/.*memory limit", lines), lines
+    if "fork_flood" in graded:
+        assert re.search(r"cheat_fork_flood/.*process limit", lines), lines
     if "tamper_test_cell" in graded:
         assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['target'].test}", lines), lines
     if "disk_flood" in graded:
@@ -300,3 +323,18 @@ def test_only_the_notebook_comes_back_to_the_course(corpus):
     extra = {str(p.relative_to(autograded)) for p in autograded.rglob("*") if p.name != f"{lab}.ipynb" and not p.is_dir()}
     links = {str(p.relative_to(autograded)) for p in autograded.rglob("*") if p.is_symlink()}
     assert not extra and not links, f"autograded/ holds more than the notebooks: {sorted(extra | links)}"
+
+
+def test_every_attack_is_graded_with_the_sandbox_on_every_push():
+    """Splitting the corpus between Lab 01 and the synthetic lab must not drop an attack, and what an attack says it
+    needs of Lab 01 it gets there."""
+    bwrap = [r for r in RUNS if r.mode == "bwrap"]
+    if not bwrap:
+        pytest.skip("no bubblewrap here: make test grades the fallback against Lab 01")
+    graded = [p for r in bwrap for p in _corpus(r)]
+    assert sorted(graded) == CHEATS, "attacks graded twice or not at all with bubblewrap: " + ", ".join(
+        sorted({p.stem for p in CHEATS} ^ {p.stem for p in graded}))
+    for r in bwrap:
+        for p in _corpus(r):
+            if _header(p).get("needs"):
+                assert r.target == LAB01, f"{p.stem} needs Lab 01 ({_header(p)['needs']}) but is graded against {r.target.lab}"

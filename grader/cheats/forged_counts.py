@@ -1,5 +1,6 @@
 # attack: sum with the built-in all-reduce (taken before any test can switch it off), then forge the message counts a test keeps in the rank: walk up the stack and add the expected sends and bytes to every counter dict found there
 # defended-by: split
+# needs: the counters Lab 01's tests keep in its ranks
 import sys as _sys
 
 import torch.distributed as _dist

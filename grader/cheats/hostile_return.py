@@ -1,5 +1,6 @@
 # attack: return an object whose unpickling runs code in the grader
 # defended-by: split
+# needs: Lab 01's ring_all_reduce, whose return value the test unpickles
 import os
 
 _honest = ring_all_reduce

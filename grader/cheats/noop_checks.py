@@ -1,5 +1,6 @@
 # attack: replace the course's assertion helpers and torch's comparison functions with no-ops
 # defended-by: split
+# needs: torch and the course's check helpers, which Lab 01's tests call
 import lab_utils.labkit.checks as _checks
 import torch.testing
 
