@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -77,11 +78,9 @@ def environment_digest(course_root: Path, lab: str, cell_timeout: int | None) ->
     from lab_utils import settings
     from lab_utils.grading.boundary import sandbox
 
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:
+    try:  # the installed distribution's version: importing torch here would cost this process seconds
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
         torch_version = None
     dt = settings.load(cell_timeout=cell_timeout)
     facts = {
