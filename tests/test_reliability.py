@@ -23,9 +23,11 @@ pytestmark = pytest.mark.slow  # launching processes and 20 launches: tens of se
 
 SLEEPER = textwrap.dedent(
     """
-    import os, select, sys
+    import os, select, signal, sys
     import launch_helpers as h
     from lab_utils import launch
+    # as ipykernel does: a runner that starts its jobs in the background has SIGINT ignored, and children inherit that
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.argv[2] == "fork":  # as the grading subject does: the zygote is a fork of this process
         from lab_utils.launcher.zygote import fork_zygote
         r, w = os.pipe()
