@@ -13,6 +13,9 @@ JOBS       ?= 4
 # 1: install Lab 10's optional frameworks extra where the platform has wheels; 0: leave it out
 FRAMEWORKS ?= 1
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
+# make test-deploy on 2 workers: the hub and Slurm tests (one course) on one, the layouts (their own copies) on the other
+DEPLOY_JOBS ?= 2
+DEPLOY_PARALLEL := $(if $(filter-out 0 1,$(DEPLOY_JOBS)),-n $(DEPLOY_JOBS) --dist loadgroup,)
 
 .PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade doctor mutate stress stress-tests clean
 
@@ -63,7 +66,7 @@ test-deploy: bytecode  ## Slurm grading array + train.sbatch, JupyterHub + nbgra
 	TORCH_SPEC="$(TORCH_SPEC)" bash .ci/install-deploy
 	@# exit 5 (no test collected) is not a failure here; a skip prints its reason (-ra)
 	@# and whatever happened to pytest, nothing the tests started keeps running (both scripts stop only their own)
-	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest tests/deploy -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest tests/deploy -p no:cacheprovider $(DEPLOY_PARALLEL) $(PYTEST_ARGS); rc=$$?; \
 		if [ "$$(id -u)" = 0 ]; then grader/hub/hub.sh down >/dev/null 2>&1; grader/slurm/local-cluster.sh down >/dev/null 2>&1; fi; \
 		if [ $$rc = 5 ]; then echo "test-deploy: no deployment test was collected"; rc=0; fi; exit $$rc
 

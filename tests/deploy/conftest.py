@@ -6,6 +6,12 @@ bubblewrap, python3-venv) and runs them; the hub's environment (PyPI) and proxy 
 the reason, only where the machine cannot run them: not root (users cannot be created, daemons not started), or
 the install step could not get what they need (it says why). Every daemon a fixture starts, it stops; every
 process of the test users left at the end is killed and named.
+
+``make test-deploy`` runs them on two pytest-xdist workers: the hub and Slurm tests, which grade in the
+instructor's course, on one; the layouts, each in its own copy, on the other. What both need (the users, the
+course's ``make install``, the hub's environment) is built once, by whichever worker asks first
+(``deploy_helpers.once``); the controlling process prints every worker's timings and report lines and, when all are
+done, kills what the test users still run.
 """
 from __future__ import annotations
 
@@ -20,17 +26,41 @@ from pathlib import Path
 import pytest
 
 from deploy_helpers import (
-    COURSE_NAME, COURSE_PARENT, REPO, STUDENTS, SYSTEM_PYTHON, TEACHER, TIMINGS, TORCH_SPEC, copy_course, ensure_users, home, kill_all_of,
-    run_as,
+    COURSE_NAME, COURSE_PARENT, REPO, STUDENTS, SYSTEM_PYTHON, TEACHER, TIMINGS, TORCH_SPEC, copy_course, ensure_users,
+    home, kill_all_of, load_worker_reports, once, report, run_as, run_state, save_worker_report,
 )
 
 HUB_PREFIX = Path(os.environ.get("DTLABS_HUB_PREFIX", "/opt/dtlabs"))
 
 
+_FINAL: dict = {}
+
+
+def pytest_sessionfinish(session):
+    """A worker hands its timings and report lines over; the controlling process (or a run without workers) gathers
+    them and, everything being done, kills what the test users still run."""
+    if hasattr(session.config, "workerinput"):
+        save_worker_report()
+        return
+    state = run_state()
+    _FINAL["timings"], _FINAL["report"] = load_worker_reports()
+    if (state / "passwords.json").is_file():
+        for user in (TEACHER, *STUDENTS):
+            left = kill_all_of(user)
+            if left:
+                _FINAL["report"].append(f"[deploy] killed what {user} still ran at the end: {left}")
+    shutil.rmtree(state, ignore_errors=True)
+
+
 def pytest_terminal_summary(terminalreporter):
-    if TIMINGS:
+    timings, lines = _FINAL.get("timings") or TIMINGS, _FINAL.get("report") or []
+    if lines:
+        terminalreporter.section("what the deployment said")
+        for line in lines:
+            terminalreporter.write_line(line)
+    if timings:
         terminalreporter.section("deployment timings (seconds) and scores")
-        for what, value in TIMINGS.items():
+        for what, value in timings.items():
             terminalreporter.write_line(f"{what}: {value:.1f}" if isinstance(value, float) else f"{what}: {value}")
 
 
@@ -48,16 +78,17 @@ def why_not_here() -> str:
 
 @pytest.fixture(scope="session")
 def passwords():
+    """The course's users (an instructor, two students), created once per run; their passwords (for the hub)."""
     why = why_not_here()
     if why:
         pytest.skip(why)
-    pw = {u: secrets.token_urlsafe(12) for u in (TEACHER, *STUDENTS)}
-    ensure_users(pw)
-    yield pw
-    for user in (TEACHER, *STUDENTS):
-        left = kill_all_of(user)
-        if left:
-            print(f"\n[deploy] killed what {user} still ran at the end: {left}")
+
+    def make():
+        pw = {u: secrets.token_urlsafe(12) for u in (TEACHER, *STUDENTS)}
+        ensure_users(pw)
+        return pw
+
+    return once("passwords", make)  # what they still run at the end is killed by pytest_sessionfinish
 
 
 class HubInstall(threading.Thread):
@@ -66,21 +97,24 @@ class HubInstall(threading.Thread):
 
     def __init__(self):
         super().__init__(daemon=True)
-        self.result, self.seconds = None, 0.0
+        self.result = None
         self.start()
 
     def run(self):
-        t0 = time.monotonic()
-        self.result = subprocess.run([str(REPO / "grader" / "hub" / "hub.sh"), "install"], capture_output=True,
-                                     text=True, timeout=1200, env={**os.environ, "TORCH_SPEC": TORCH_SPEC})
-        self.seconds = time.monotonic() - t0
+        def install():
+            t0 = time.monotonic()
+            res = subprocess.run([str(REPO / "grader" / "hub" / "hub.sh"), "install"], capture_output=True, text=True,
+                                 timeout=1200, env={**os.environ, "TORCH_SPEC": TORCH_SPEC})
+            out = "\n".join(line for line in (res.stdout + res.stderr).splitlines()
+                            if not line.startswith("WARNING: Location"))
+            return {"returncode": res.returncode, "output": out[-3000:], "seconds": time.monotonic() - t0}
+
+        self.result = once("hub-install", install)  # one worker installs; the other finds it done
 
     def wait(self) -> None:
         self.join()
-        TIMINGS["hub environment (hub.sh install, beside make install)"] = self.seconds
-        out = "\n".join(line for line in (self.result.stdout + self.result.stderr).splitlines()
-                        if not line.startswith("WARNING: Location"))
-        assert self.result.returncode == 0, f"grader/hub/hub.sh install failed:\n{out[-3000:]}"
+        TIMINGS["hub environment (hub.sh install, beside make install)"] = self.result["seconds"]
+        assert self.result["returncode"] == 0, f"grader/hub/hub.sh install failed:\n{self.result['output']}"
 
 
 @pytest.fixture(scope="session")
@@ -95,15 +129,19 @@ def course(passwords, hub_install) -> Path:
     """The instructor's course: a copy of the repository (as a clone has it) under /tmp in a folder whose name has a
     space and a non-ASCII letter, owned by them, its own venv made by ``make install`` as them (Lab 10's frameworks
     left out: no deployment test uses them)."""
-    COURSE_PARENT.mkdir(exist_ok=True)
-    os.chmod(COURSE_PARENT, 0o755)
-    shutil.chown(COURSE_PARENT, TEACHER)  # the instructor's folder: their other venvs and builds go beside the course
     dest = COURSE_PARENT / COURSE_NAME
-    t0 = time.monotonic()
-    copy_course(dest, TEACHER)
-    run_as(TEACHER, ["make", "install", f"PYTHON={SYSTEM_PYTHON}", f"TORCH_SPEC={TORCH_SPEC}", "FRAMEWORKS=0"],
-           cwd=dest, timeout=900)
-    TIMINGS["instructor's course: copy and make install"] = time.monotonic() - t0
+
+    def make():
+        COURSE_PARENT.mkdir(exist_ok=True)
+        os.chmod(COURSE_PARENT, 0o755)
+        shutil.chown(COURSE_PARENT, TEACHER)  # the instructor's folder: their other venvs and builds go beside it
+        t0 = time.monotonic()
+        copy_course(dest, TEACHER)
+        run_as(TEACHER, ["make", "install", f"PYTHON={SYSTEM_PYTHON}", f"TORCH_SPEC={TORCH_SPEC}", "FRAMEWORKS=0"],
+               cwd=dest, timeout=900)
+        return time.monotonic() - t0
+
+    TIMINGS["instructor's course: copy and make install"] = once("course", make)
     return dest
 
 
@@ -123,7 +161,7 @@ def slurm(passwords):
     up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=180)
     TIMINGS["Slurm up (local-cluster.sh up)"] = time.monotonic() - t0
     assert up.returncode == 0, up.stdout + up.stderr
-    print(f"\n[deploy] {up.stdout.strip()}")
+    report(f"[deploy] {up.stdout.strip()}")
     try:
         yield script
     finally:
@@ -151,7 +189,7 @@ def hub(passwords, course, hub_install):
     up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=180, env=env)
     TIMINGS["hub up (hub.sh up)"] = time.monotonic() - t0
     assert up.returncode == 0, up.stdout + up.stderr
-    print(f"\n[deploy] {up.stdout.strip()}")
+    report(f"[deploy] {up.stdout.strip()}")
     try:
         yield {"url": "http://127.0.0.1:8000", "exchange": exchange}
     finally:

@@ -2,6 +2,8 @@
 space, commands through ``runuser`` with a login-like environment. Used by the deployment tests (tests/deploy/)."""
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import pwd
 import shlex
@@ -21,6 +23,53 @@ COURSE_PARENT = Path("/tmp/dtlabs courses \u00fc")
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 SYSTEM_PYTHON = "/usr/bin/python3"  # every user can run it (the pyenv under /root is mode 700)
 TIMINGS: dict = {}  # what the deployment took (seconds), printed at the end of the run by conftest.py
+REPORT: list = []  # what the deployment said on the way ([hub] ..., [slurm] ...), printed with TIMINGS
+
+
+def report(line: str) -> None:
+    """A line for the run's report (under pytest-xdist a worker's prints are not shown; conftest.py prints these)."""
+    REPORT.append(line)
+
+
+def run_state() -> Path:
+    """This run's shared folder (root only): what its pytest-xdist workers build once and share (users' passwords,
+    the course), and each worker's timings and report lines. Keyed by the controlling pytest process."""
+    owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    folder = Path(f"/tmp/dtlabs-deploy-run-{owner}")
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def once(name: str, make):
+    """``make()`` once per run, whichever worker asks first (the others wait for it and get what it returned, as
+    JSON). A failure is not kept: the next worker to ask tries again and fails with its own error."""
+    state = run_state()
+    with open(state / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = state / f"{name}.json"
+        if done.is_file():
+            return json.loads(done.read_text())
+        value = make()
+        tmp = done.with_suffix(".tmp")
+        tmp.write_text(json.dumps(value))
+        os.chmod(tmp, 0o600)
+        tmp.replace(done)
+        return value
+
+
+def save_worker_report() -> None:
+    """A worker's TIMINGS and REPORT, for the controlling process to print (conftest.py)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    (run_state() / f"report-{name}.json").write_text(json.dumps({"timings": TIMINGS, "report": REPORT}))
+
+
+def load_worker_reports() -> tuple[dict, list]:
+    timings, lines = dict(TIMINGS), list(REPORT)
+    for path in sorted(run_state().glob("report-gw*.json")):
+        data = json.loads(path.read_text())
+        timings.update(data["timings"])
+        lines += data["report"]
+    return timings, lines
 
 
 def home(user: str) -> Path:

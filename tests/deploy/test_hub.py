@@ -25,11 +25,12 @@ from browser_helpers import CELLS, CHROMIUM_ARGS, find_chromium, wait_prompt
 from deploy_helpers import (
     REPO, STUDENTS, TEACHER, TIMINGS, home, processes_of, run_as, teacher_env, user_env, wait_for,
 )
+from deploy_helpers import report as report_line
 
 from lab_utils import grading
 from lab_utils.grading.course import split_hidden
 
-pytestmark = pytest.mark.deploy
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("course")]  # grades in the instructor's course (conftest.py)
 LAB = "01_ddp_setup"
 ALICE, BOB = STUDENTS
 ARTIFACTS = REPO / "test-artifacts" / "hub"
@@ -98,7 +99,7 @@ def _cell_index(nb, test) -> int:
 
 
 @pytest.mark.timeout(1500)
-def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords, chromium, capsys):
+def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords, chromium):
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,7 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
     gid = lambda c: c.metadata.get("nbgrader", {}).get("grade_id")  # noqa: E731
     launch_cell = _cell_index(release, lambda c: c.cell_type == "code" and "launch(hello" in c.source)
     dist_cell = _cell_index(release, lambda c: c.source.startswith("%%distributed") and "all_reduce" in c.source)
-    report, timings, t0 = [], {}, time.monotonic()
+    said, timings, t0 = [], {}, time.monotonic()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -141,8 +142,8 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
                     outputs[i] = _run_cell(page, i, 180)
             for i in (launch_cell, dist_cell):
                 assert "[rank 0]" in outputs[i] and "[rank 1]" in outputs[i], f"cell {i}: {outputs[i][:800]}"
-            report.append(f"launch cell {launch_cell}: {outputs[launch_cell].splitlines()[0]!r}; "
-                          f"%%distributed cell {dist_cell}: {' | '.join(outputs[dist_cell].splitlines()[:2])!r}")
+            said.append(f"launch cell {launch_cell}: {outputs[launch_cell].splitlines()[0]!r}; "
+                        f"%%distributed cell {dist_cell}: {' | '.join(outputs[dist_cell].splitlines()[:2])!r}")
             timings["launch and %%distributed ran"] = time.monotonic() - t0
             page.screenshot(path=str(ARTIFACTS / "alice-ranks.png"))
 
@@ -159,7 +160,7 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
             verdict = dialog.inner_text()
             page.screenshot(path=str(ARTIFACTS / "alice-validate.png"))
             assert "the shuffle must change every epoch" in verdict, verdict[:2000]
-            report.append(f"Validate: {verdict.splitlines()[0]!r}, names the known-wrong answer's failing check")
+            said.append(f"Validate: {verdict.splitlines()[0]!r}, names the known-wrong answer's failing check")
             page.keyboard.press("Escape")
             timings["validated"] = time.monotonic() - t0
 
@@ -176,7 +177,7 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
             inbound = hub["exchange"] / "dtlabs" / "inbound"
             peek = run_as(BOB, ["ls", inbound], check=False, env=bob_env)
             assert peek.returncode != 0 and "Permission denied" in peek.stderr, "a student can list the inbound folder"
-            report.append("classmate: fetch and submit from a terminal; the inbound folder is not listable")
+            said.append("classmate: fetch and submit from a terminal; the inbound folder is not listable")
 
             # the instructor: collect, grade (sandboxed), feedback back through the exchange
             run_as(TEACHER, [*nbgrader, "collect", LAB], cwd=course, env=env)
@@ -188,7 +189,7 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
             timings["instructor: dtlabs grade, 2 submissions"] = time.monotonic() - g0
             assert "sandbox: bwrap" in graded.stdout, graded.stdout
             line = next(ln for ln in graded.stdout.splitlines() if f"{ALICE}/{LAB}:" in ln)
-            report.append(f"dtlabs grade: {line.strip()}")
+            said.append(f"dtlabs grade: {line.strip()}")
             run_as(TEACHER, [*nbgrader, "release_feedback", LAB], cwd=course, env=env)
             timings["feedback released"] = time.monotonic() - t0
 
@@ -213,9 +214,9 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
         finally:
             context.close()
             browser.close()
-    with capsys.disabled():
-        print("\n[hub] " + "\n[hub] ".join(report))
-        print("[hub] timings (s since start): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    for line in said:
+        report_line(f"[hub] {line}")
+    report_line("[hub] timings (s since start): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     TIMINGS.update({f"hub flow: {k}": v for k, v in timings.items()})
 
     earned = re.search(r"Score:\s*([\d.]+)\s*/\s*([\d.]+)", text)
@@ -276,7 +277,7 @@ def _footprint(procs) -> dict:
 
 
 @pytest.mark.timeout(900)
-def test_two_students_launch_at_once(hub, passwords, chromium, capsys):
+def test_two_students_launch_at_once(hub, passwords, chromium):
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -287,7 +288,7 @@ def test_two_students_launch_at_once(hub, passwords, chromium, capsys):
     for user in STUDENTS:
         run_as(user, ["bash", "-c", "cat > concurrent.ipynb"], input=nbformat.writes(nb))
     _settle_students()
-    report = []
+    said = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         pages = {}
@@ -324,8 +325,8 @@ def test_two_students_launch_at_once(hub, passwords, chromium, capsys):
                                  ["head", "-c", "1", f"/proc/{pid}/mem"]):
                     peek = run_as(me, peek_cmd, check=False)
                     assert peek.returncode != 0 and "ermission denied" in peek.stderr, (peek_cmd, peek)
-            report.append(f"both students' ranks up {started:.1f} s after the first Shift+Enter; "
-                          f"ports {sorted(a['ports'])} vs {sorted(b['ports'])}; kill/environ/fd/mem across users denied")
+            said.append(f"both students' ranks up {started:.1f} s after the first Shift+Enter; "
+                        f"ports {sorted(a['ports'])} vs {sorted(b['ports'])}; kill/environ/fd/mem across users denied")
             release.touch()
             outs = {}
             for user, page in pages.items():
@@ -336,7 +337,7 @@ def test_two_students_launch_at_once(hub, passwords, chromium, capsys):
                 assert "[rank 0]" in text and "[rank 1]" in text and text.count("sum 6.0") == 2, f"{user}: {text}"
             mine = {u: set(re.findall(r"port (\d+)", outs[u])) for u in STUDENTS}
             assert len(mine[ALICE]) == 1 and mine[ALICE] != mine[BOB], mine
-            report.append(f"both launches succeeded, {took:.1f} s after the first Shift+Enter: rendezvous ports {mine}")
+            said.append(f"both launches succeeded, {took:.1f} s after the first Shift+Enter: rendezvous ports {mine}")
             TIMINGS["two students' 2-rank launches at once: both ranks up"] = started
             TIMINGS["two students' 2-rank launches at once: both cells done"] = took
             for i, (user, page) in enumerate(pages.items()):
@@ -344,5 +345,5 @@ def test_two_students_launch_at_once(hub, passwords, chromium, capsys):
         finally:
             release.touch()  # never leave ranks waiting
             browser.close()
-    with capsys.disabled():
-        print("\n[hub] " + "\n[hub] ".join(report))
+    for line in said:
+        report_line(f"[hub] {line}")

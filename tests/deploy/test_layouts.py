@@ -25,7 +25,7 @@ from deploy_helpers import COURSE_PARENT, REPO, SYSTEM_PYTHON, TEACHER, TIMINGS,
 
 from lab_utils import grading
 
-pytestmark = pytest.mark.deploy
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("layouts")]  # each in its own copy (conftest.py)
 LAB = "01_ddp_setup"
 WRONG = "no_divide_by_world_size.py"
 

@@ -26,10 +26,11 @@ import nbformat
 import pytest
 
 from deploy_helpers import REPO, TEACHER, TIMINGS, popen_as, run_as, teacher_env, wait_for
+from deploy_helpers import report as report_line
 
 from lab_utils import grading
 
-pytestmark = pytest.mark.deploy
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("course")]  # grades in the instructor's course (conftest.py)
 LAB = "01_ddp_setup"
 CELL_TIMEOUT = 30
 ROSTER = ["good", "empty", "wrong", "cheat", "hangs", "late"]  # "late": its task is cancelled before it starts
@@ -82,7 +83,7 @@ def _queue_empty(user: str) -> bool:
 
 
 @pytest.mark.timeout(1500)
-def test_grading_array_equals_dtlabs_grade(course, slurm, capsys):
+def test_grading_array_equals_dtlabs_grade(course, slurm):
     shutil.rmtree(course / "grader" / "work" / "submitted", ignore_errors=True)  # this class only
     _class_folder(course, ROSTER[:-1])
     env = teacher_env(course)
@@ -128,8 +129,7 @@ def test_grading_array_equals_dtlabs_grade(course, slurm, capsys):
     rc = proc.wait(timeout=900)
     TIMINGS[f"Slurm array, {len(ROSTER) - 1} Lab 01 submissions (+1 cancelled), to the end of the merge"] = \
         time.monotonic() - t0
-    with capsys.disabled():
-        print(f"\n[slurm] grade-class.sh:\n{out}")
+    report_line(f"[slurm] grade-class.sh:\n{out}")
     assert rc == 1, f"the merge must fail when a student was not graded:\n{out}"
     assert "NOT GRADED: late/01_ddp_setup (no result: no array task started" in out, out
     assert "merged 5 of 6" in out, out
@@ -137,8 +137,7 @@ def test_grading_array_equals_dtlabs_grade(course, slurm, capsys):
     assert [f"grade-{array_job}_{i}.out" for i in range(5)] == [n for n in logs if n.startswith("grade-")], logs
     per_task = {s: json.loads((results / LAB / s / "result.json").read_text())["seconds"] for s in ROSTER[:-1]}
     per_grade = dict(re.findall(r"^\s+(\w+)/01_ddp_setup: [\d.]+/[\d.]+ \((\d+) s\)", direct.stdout, re.M))
-    with capsys.disabled():
-        print(f"[slurm] seconds per submission: array task {per_task}; dtlabs grade --jobs 2 {per_grade}")
+    report_line(f"[slurm] seconds per submission: array task {per_task}; dtlabs grade --jobs 2 {per_grade}")
     got = _scores(course)
     assert {s: got[s] for s in ROSTER[:-1]} == {s: expected[s] for s in ROSTER[:-1]}, \
         f"the array and dtlabs grade disagree:\narray: {got}\ngrade: {expected}"
@@ -174,7 +173,7 @@ def test_grading_array_equals_dtlabs_grade(course, slurm, capsys):
 
 
 @pytest.mark.timeout(600)
-def test_train_sbatch_two_agents_restart_and_resume(course, slurm, capsys):
+def test_train_sbatch_two_agents_restart_and_resume(course, slurm):
     env = teacher_env(course)
     out_file = course / "train-result.json"
     t0 = time.monotonic()
@@ -185,9 +184,8 @@ def test_train_sbatch_two_agents_restart_and_resume(course, slurm, capsys):
     TIMINGS["train.sbatch, 2 tasks x 1 worker, one restart"] = time.monotonic() - t0
     job_id = job.stdout.strip().split(";")[0]
     log = (course / f"dtlabs-train-{job_id}.out").read_text(errors="replace")
-    with capsys.disabled():
-        print(f"\n[slurm] train.sbatch job {job_id}: " + "\n".join(
-            line for line in log.splitlines() if line.startswith(("job ", "no GPU", "result:"))))
+    report_line(f"[slurm] train.sbatch job {job_id}: " + "\n".join(
+        line for line in log.splitlines() if line.startswith(("job ", "no GPU", "result:"))))
     assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{log[-3000:]}"
     assert "2 agent(s) on 1 node(s) x 1 worker(s), 1 thread(s) each" in log, log[-2000:]
     assert f"checkpoints in {course}/checkpoints/{job_id}" in log, "checkpoints must be keyed by the job id"
