@@ -4,14 +4,16 @@
 bubblewrap, python3-venv) and runs them; the hub's environment (PyPI) and proxy (npm) are installed by
 ``grader/hub/hub.sh install`` here, beside the instructor's ``make install``. They skip, with
 the reason, only where the machine cannot run them: not root (users cannot be created, daemons not started), or
-the install step could not get what they need (it says why). Every daemon a fixture starts, it stops; every
+the install step could not get what they need (it says why). Every daemon they start is stopped; every
 process of the test users left at the end is killed and named.
 
-``make test-deploy`` runs them on two pytest-xdist workers: the hub and Slurm tests, which grade in the
-instructor's course, on one; the layouts, each in its own copy, on the other. What both need (the users, the
-course's ``make install``, the hub's environment) is built once, by whichever worker asks first
-(``deploy_helpers.once``); the controlling process prints every worker's timings and report lines and, when all are
-done, kills what the test users still run.
+``make test-deploy`` runs them on two pytest-xdist workers. One runs the tests that write the instructor's
+course's gradebook: the hub's flow, then the Slurm grading array. The other runs the tests that do not: first
+``train.sbatch`` (mostly waiting on torchrun's restart, while the first worker drives the hub, so Slurm's two CPUs are
+free for it), then the layouts, each in its own copy. What both need (the users, the course's ``make install``, the
+hub's environment, Slurm) is built once, by whichever worker asks first (``deploy_helpers.once``); the controlling
+process prints every worker's timings and report lines and, when all are done, stops Slurm and kills what the test
+users still run.
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ from deploy_helpers import (
 HUB_PREFIX = Path(os.environ.get("DTLABS_HUB_PREFIX", "/opt/dtlabs"))
 
 
+def pytest_collection_modifyitems(items):
+    """On each worker, train.sbatch first: it must not meet the Slurm grading array (which runs last on the other)."""
+    items.sort(key=lambda item: 0 if "train_sbatch" in item.name else 1)
+
+
 _FINAL: dict = {}
 
 
@@ -44,6 +51,11 @@ def pytest_sessionfinish(session):
         return
     state = run_state()
     _FINAL["timings"], _FINAL["report"] = load_worker_reports()
+    if (state / "slurm.json").is_file():
+        down = subprocess.run([str(SLURM_SCRIPT), "down"], capture_output=True, text=True, timeout=120)
+        if down.returncode != 0:
+            _FINAL["report"].append(f"[deploy] local-cluster.sh down failed: {down.stdout}{down.stderr}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if (state / "passwords.json").is_file():
         for user in (TEACHER, *STUDENTS):
             left = kill_all_of(user)
@@ -53,7 +65,7 @@ def pytest_sessionfinish(session):
 
 
 def pytest_terminal_summary(terminalreporter):
-    timings, lines = _FINAL.get("timings") or TIMINGS, _FINAL.get("report") or []
+    timings, lines = _FINAL.get("timings") or TIMINGS, list(dict.fromkeys(_FINAL.get("report") or []))
     if lines:
         terminalreporter.section("what the deployment said")
         for line in lines:
@@ -152,21 +164,25 @@ def _need(paths: dict) -> None:
                     "and says why when it cannot")
 
 
+SLURM_SCRIPT = REPO / "grader" / "slurm" / "local-cluster.sh"
+
+
 @pytest.fixture(scope="session")
 def slurm(passwords):
-    """A single-node Slurm (grader/slurm/local-cluster.sh up), stopped at the end of the session."""
+    """A single-node Slurm (grader/slurm/local-cluster.sh up), brought up once per run by the first worker that
+    needs it, and stopped when the run ends (pytest_sessionfinish)."""
     _need({"slurmctld": "slurmctld", "slurmd": "slurmd", "munged": "munged", "sbatch": "sbatch"})
-    script = REPO / "grader" / "slurm" / "local-cluster.sh"
-    t0 = time.monotonic()
-    up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=180)
-    TIMINGS["Slurm up (local-cluster.sh up)"] = time.monotonic() - t0
-    assert up.returncode == 0, up.stdout + up.stderr
-    report(f"[deploy] {up.stdout.strip()}")
-    try:
-        yield script
-    finally:
-        down = subprocess.run([str(script), "down"], capture_output=True, text=True, timeout=120)
-        assert down.returncode == 0, down.stdout + down.stderr
+
+    def up():
+        t0 = time.monotonic()
+        res = subprocess.run([str(SLURM_SCRIPT), "up"], capture_output=True, text=True, timeout=180)
+        return {"returncode": res.returncode, "output": (res.stdout + res.stderr).strip(), "seconds": time.monotonic() - t0}
+
+    started = once("slurm", up)
+    assert started["returncode"] == 0, started["output"]
+    TIMINGS["Slurm up (local-cluster.sh up)"] = started["seconds"]
+    report(f"[deploy] {started['output']}")
+    return SLURM_SCRIPT
 
 
 @pytest.fixture(scope="session")

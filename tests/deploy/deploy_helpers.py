@@ -22,6 +22,8 @@ COURSE_NAME = "Distributed Labs"  # a space in the path, as real folders have
 COURSE_PARENT = Path("/tmp/dtlabs courses \u00fc")
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 SYSTEM_PYTHON = "/usr/bin/python3"  # every user can run it (the pyenv under /root is mode 700)
+# xdist_group names (conftest.py): the tests that write the course's gradebook share one worker, the others the second
+WRITES_GRADEBOOK, APART = "writes-the-gradebook", "apart"
 TIMINGS: dict = {}  # what the deployment took (seconds), printed at the end of the run by conftest.py
 REPORT: list = []  # what the deployment said on the way ([hub] ..., [slurm] ...), printed with TIMINGS
 

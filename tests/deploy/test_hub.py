@@ -23,14 +23,14 @@ import pytest
 
 from browser_helpers import CELLS, CHROMIUM_ARGS, find_chromium, wait_prompt
 from deploy_helpers import (
-    REPO, STUDENTS, TEACHER, TIMINGS, home, processes_of, run_as, teacher_env, user_env, wait_for,
+    REPO, STUDENTS, TEACHER, TIMINGS, WRITES_GRADEBOOK, home, processes_of, run_as, teacher_env, user_env, wait_for,
 )
 from deploy_helpers import report as report_line
 
 from lab_utils import grading
 from lab_utils.grading.course import split_hidden
 
-pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("course")]  # grades in the instructor's course (conftest.py)
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group(WRITES_GRADEBOOK)]  # which worker: conftest.py
 LAB = "01_ddp_setup"
 ALICE, BOB = STUDENTS
 ARTIFACTS = REPO / "test-artifacts" / "hub"

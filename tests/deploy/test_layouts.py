@@ -20,12 +20,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from deploy_helpers import COURSE_PARENT, REPO, SYSTEM_PYTHON, TEACHER, TIMINGS, TORCH_SPEC, copy_course, run_as, \
-    teacher_env
+from deploy_helpers import APART, COURSE_PARENT, REPO, SYSTEM_PYTHON, TEACHER, TIMINGS, TORCH_SPEC, copy_course, \
+    run_as, teacher_env
 
 from lab_utils import grading
 
-pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("layouts")]  # each in its own copy (conftest.py)
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group(APART)]  # each in its own copy; which worker: conftest.py
 LAB = "01_ddp_setup"
 WRONG = "no_divide_by_world_size.py"
 

@@ -25,15 +25,18 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from deploy_helpers import REPO, TEACHER, TIMINGS, popen_as, run_as, teacher_env, wait_for
+from deploy_helpers import APART, REPO, TEACHER, TIMINGS, WRITES_GRADEBOOK, popen_as, run_as, teacher_env, wait_for
 from deploy_helpers import report as report_line
 
 from lab_utils import grading
 
-pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("course")]  # grades in the instructor's course (conftest.py)
+pytestmark = pytest.mark.deploy  # each test's xdist_group says which worker runs it (conftest.py)
 LAB = "01_ddp_setup"
 CELL_TIMEOUT = 30
-ROSTER = ["good", "empty", "wrong", "cheat", "hangs", "late"]  # "late": its task is cancelled before it starts
+# "hangs" first: its task waits out the cell limit while the others grade beside it (last, it would hold the run's
+# end alone); "late" last: its task is cancelled before it starts
+ROSTER = ["hangs", "good", "empty", "wrong", "cheat", "late"]
+GOOD = ROSTER.index("good")
 
 
 def _class_folder(course: Path, students) -> None:
@@ -83,6 +86,7 @@ def _queue_empty(user: str) -> bool:
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.xdist_group(WRITES_GRADEBOOK)
 def test_grading_array_equals_dtlabs_grade(course, slurm):
     shutil.rmtree(course / "grader" / "work" / "submitted", ignore_errors=True)  # this class only
     _class_folder(course, ROSTER[:-1])
@@ -151,9 +155,9 @@ def test_grading_array_equals_dtlabs_grade(course, slurm):
 
     # a requeued task grades again into its own folder, and the merge takes the new result
     before = json.loads((results / LAB / "good" / "result.json").read_text())
-    run_as(TEACHER, ["scontrol", "requeue", f"{array_job}_0"])
+    run_as(TEACHER, ["scontrol", "requeue", f"{array_job}_{GOOD}"])
     # Slurm holds a requeued job for two minutes (BeginTime); its owner may start it now
-    run_as(TEACHER, ["scontrol", "update", f"JobId={array_job}_0", "StartTime=now"])
+    run_as(TEACHER, ["scontrol", "update", f"JobId={array_job}_{GOOD}", "StartTime=now"])
     wait_for(lambda: json.loads((results / LAB / "good" / "result.json").read_text()).get("finished")
              != before["finished"] if (results / LAB / "good" / "result.json").is_file() else False,
              300, "the requeued task's new result")
@@ -173,6 +177,7 @@ def test_grading_array_equals_dtlabs_grade(course, slurm):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group(APART)
 def test_train_sbatch_two_agents_restart_and_resume(course, slurm):
     env = teacher_env(course)
     out_file = course / "train-result.json"
