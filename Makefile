@@ -13,7 +13,8 @@ JOBS       ?= 4
 # 1: install Lab 10's optional frameworks extra where the platform has wheels; 0: leave it out
 FRAMEWORKS ?= 1
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
-# make test-deploy on 2 workers: the hub and Slurm tests (one course) on one, the layouts (their own copies) on the other
+# make test-deploy on 2 workers: the tests that write the course's gradebook (hub, Slurm grading) on one, the others
+# (train.sbatch, the layouts in their own copies) on the other (tests/deploy/conftest.py)
 DEPLOY_JOBS ?= 2
 DEPLOY_PARALLEL := $(if $(filter-out 0 1,$(DEPLOY_JOBS)),-n $(DEPLOY_JOBS) --dist loadgroup,)
 

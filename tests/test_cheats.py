@@ -218,18 +218,18 @@ def corpus(request, tmp_path_factory):
         result = _grade_corpus(root, run, mp)
     finally:
         mp.undo()
-    result.update(root=root, run=run, mode=run.mode, target=run.target)
+    result.update(root=root, run=run)
     return result
 
 
 def _scores(corpus, student):
-    return grading.cell_scores(corpus["root"], corpus["target"].lab, student)
+    return grading.cell_scores(corpus["root"], corpus["run"].target.lab, student)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_honest_answer_underneath_scores_zero_and_the_victim_full_marks(corpus):
-    t = corpus["target"]
+    t = corpus["run"].target
     honest, victim = _scores(corpus, "honest"), _scores(corpus, "zz_victim")
     assert honest.get(t.test) == t.honest_score, (
         f"the honest wrong answer should score {t.honest_score} on {t.test}: {honest}\n" + "\n".join(corpus["lines"]))
@@ -250,7 +250,7 @@ def test_no_cheat_gains_anything(corpus):
         if gained:
             line = next((x for x in corpus["lines"] if f"cheat_{path.stem}/" in x), "(no line)")
             gains.append(f"{path.stem} gained {gained}: {line}")
-    assert not gains, (f"[{corpus['mode']}, {corpus['target'].lab}] cheats gained points over the honest answer "
+    assert not gains, (f"[{corpus['run'].mode}, {corpus['run'].target.lab}] cheats gained points over the honest answer "
                        f"{honest}:\n" + "\n".join(gains))
 
 
@@ -265,7 +265,7 @@ def test_course_and_gradebook_are_unchanged(corpus):
     from nbgrader.api import Gradebook
 
     with Gradebook(grading.gradebook.db_url(corpus["root"])) as gb:
-        for sub in gb.assignment_submissions(corpus["target"].lab):
+        for sub in gb.assignment_submissions(corpus["run"].target.lab):
             for nb in sub.notebooks:
                 manual = [g.name for g in nb.grades if g.manual_score is not None]
                 assert not manual, f"{sub.student.id} has manual scores nobody gave: {manual}"
@@ -274,7 +274,7 @@ def test_course_and_gradebook_are_unchanged(corpus):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_no_hidden_test_reaches_a_cheats_output(corpus):
-    t = corpus["target"]
+    t = corpus["run"].target
     src = nbformat.read(str(corpus["root"] / "solutions" / t.lab / f"{t.lab}.ipynb"), as_version=4)
     hidden = [line.strip() for c in src.cells for line in c.source.split("### BEGIN HIDDEN TESTS")[1:]
               for line in line.split("### END HIDDEN TESTS")[0].splitlines() if len(line.strip()) > 20]
@@ -287,7 +287,7 @@ def test_no_hidden_test_reaches_a_cheats_output(corpus):
         answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == t.answer]
         text = "".join(str(o) for c in answers for o in c.get("outputs", []))
         leaked = [h for h in hidden if h in text]
-        assert not leaked, f"[{corpus['mode']}, {t.lab}] {path.stem} printed a hidden test line: {leaked[0]}"
+        assert not leaked, f"[{corpus['run'].mode}, {t.lab}] {path.stem} printed a hidden test line: {leaked[0]}"
 
 
 @pytest.mark.slow
@@ -300,14 +300,14 @@ def test_limits_and_reasons_are_reported(corpus):
     if "fork_flood" in graded:
         assert re.search(r"cheat_fork_flood/.*process limit", lines), lines
     if "tamper_test_cell" in graded:
-        assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['target'].test}", lines), lines
+        assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['run'].target.test}", lines), lines
     if "disk_flood" in graded:
         assert re.search(r"cheat_disk_flood/.*disk limit", lines), lines
     if "huge_frame" in graded:  # refused unread, not read and then found too big
         assert re.search(r"cheat_huge_frame/.*an answer of 1500000000 bytes", lines), lines
     if "links_to_the_course" in graded:
         assert re.search(r"cheat_links_to_the_course/.*solution\.ipynb \(a symbolic link\)", lines), lines
-    if corpus["mode"] == "fallback":  # the guard, not luck, undid them: each line names what was put back
+    if corpus["run"].mode == "fallback":  # the guard, not luck, undid them: each line names what was put back
         assert "graded one at a time" in lines, "--jobs 2 without bubblewrap must say it grades one at a time"
         assert re.search(r"cheat_gradebook_write/.*put back\): .*gradebook\.db", lines), lines
         assert re.search(r"cheat_overwrite_victims/.*put back\): .*submitted/", lines), lines
@@ -318,7 +318,7 @@ def test_limits_and_reasons_are_reported(corpus):
 @pytest.mark.timeout(1500)
 def test_only_the_notebook_comes_back_to_the_course(corpus):
     """What a submission held beside its notebook (links, shipped modules) never reaches autograded/ or feedback."""
-    lab = corpus["target"].lab
+    lab = corpus["run"].target.lab
     autograded = corpus["root"] / "grader" / "work" / "autograded"
     extra = {str(p.relative_to(autograded)) for p in autograded.rglob("*") if p.name != f"{lab}.ipynb" and not p.is_dir()}
     links = {str(p.relative_to(autograded)) for p in autograded.rglob("*") if p.is_symlink()}

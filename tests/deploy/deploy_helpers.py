@@ -44,7 +44,8 @@ def run_state() -> Path:
 
 def once(name: str, make):
     """``make()`` once per run, whichever worker asks first (the others wait for it and get what it returned, as
-    JSON). A failure is not kept: the next worker to ask tries again and fails with its own error."""
+    JSON: a failed command's result too, which each caller then asserts on). An exception is not kept: the next
+    worker to ask tries again and fails with its own error."""
     state = run_state()
     with open(state / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

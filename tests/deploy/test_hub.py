@@ -23,9 +23,9 @@ import pytest
 
 from browser_helpers import CELLS, CHROMIUM_ARGS, find_chromium, wait_prompt
 from deploy_helpers import (
-    REPO, STUDENTS, TEACHER, TIMINGS, WRITES_GRADEBOOK, home, processes_of, run_as, teacher_env, user_env, wait_for,
+    REPO, STUDENTS, TEACHER, TIMINGS, WRITES_GRADEBOOK, home, processes_of, report, run_as, teacher_env, user_env,
+    wait_for,
 )
-from deploy_helpers import report as report_line
 
 from lab_utils import grading
 from lab_utils.grading.course import split_hidden
@@ -215,8 +215,8 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
             context.close()
             browser.close()
     for line in said:
-        report_line(f"[hub] {line}")
-    report_line("[hub] timings (s since start): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        report(f"[hub] {line}")
+    report("[hub] timings (s since start): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     TIMINGS.update({f"hub flow: {k}": v for k, v in timings.items()})
 
     earned = re.search(r"Score:\s*([\d.]+)\s*/\s*([\d.]+)", text)
@@ -346,4 +346,4 @@ def test_two_students_launch_at_once(hub, passwords, chromium):
             release.touch()  # never leave ranks waiting
             browser.close()
     for line in said:
-        report_line(f"[hub] {line}")
+        report(f"[hub] {line}")

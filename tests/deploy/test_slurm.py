@@ -25,8 +25,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from deploy_helpers import APART, REPO, TEACHER, TIMINGS, WRITES_GRADEBOOK, popen_as, run_as, teacher_env, wait_for
-from deploy_helpers import report as report_line
+from deploy_helpers import (
+    APART, REPO, TEACHER, TIMINGS, WRITES_GRADEBOOK, popen_as, report, run_as, teacher_env, wait_for,
+)
 
 from lab_utils import grading
 
@@ -133,7 +134,7 @@ def test_grading_array_equals_dtlabs_grade(course, slurm):
     rc = proc.wait(timeout=900)
     TIMINGS[f"Slurm array, {len(ROSTER) - 1} Lab 01 submissions (+1 cancelled), to the end of the merge"] = \
         time.monotonic() - t0
-    report_line(f"[slurm] grade-class.sh:\n{out}")
+    report(f"[slurm] grade-class.sh:\n{out}")
     assert rc == 1, f"the merge must fail when a student was not graded:\n{out}"
     assert "NOT GRADED: late/01_ddp_setup (no result: no array task started" in out, out
     assert "merged 5 of 6" in out, out
@@ -141,7 +142,7 @@ def test_grading_array_equals_dtlabs_grade(course, slurm):
     assert [f"grade-{array_job}_{i}.out" for i in range(5)] == [n for n in logs if n.startswith("grade-")], logs
     per_task = {s: json.loads((results / LAB / s / "result.json").read_text())["seconds"] for s in ROSTER[:-1]}
     per_grade = dict(re.findall(r"^\s+(\w+)/01_ddp_setup: [\d.]+/[\d.]+ \((\d+) s\)", direct.stdout, re.M))
-    report_line(f"[slurm] seconds per submission: array task {per_task}; dtlabs grade --jobs 2 {per_grade}")
+    report(f"[slurm] seconds per submission: array task {per_task}; dtlabs grade --jobs 2 {per_grade}")
     got = _scores(course)
     assert {s: got[s] for s in ROSTER[:-1]} == {s: expected[s] for s in ROSTER[:-1]}, \
         f"the array and dtlabs grade disagree:\narray: {got}\ngrade: {expected}"
@@ -189,7 +190,7 @@ def test_train_sbatch_two_agents_restart_and_resume(course, slurm):
     TIMINGS["train.sbatch, 2 tasks x 1 worker, one restart"] = time.monotonic() - t0
     job_id = job.stdout.strip().split(";")[0]
     log = (course / f"dtlabs-train-{job_id}.out").read_text(errors="replace")
-    report_line(f"[slurm] train.sbatch job {job_id}: " + "\n".join(
+    report(f"[slurm] train.sbatch job {job_id}: " + "\n".join(
         line for line in log.splitlines() if line.startswith(("job ", "no GPU", "result:"))))
     assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{log[-3000:]}"
     assert "2 agent(s) on 1 node(s) x 1 worker(s), 1 thread(s) each" in log, log[-2000:]
