@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -193,7 +194,7 @@ def test_a_machine_that_cannot_grade_says_so_and_exits_non_zero(synthetic_bundle
     nbformat.write(grading.fill_solutions(rel, src), str(broken / "submission" / f"{LAB}.ipynb"))
     shim = tmp_path / "bin"
     shim.mkdir()
-    (shim / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    (shim / "python3").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -S \"$@\"\n")
     (shim / "python3").chmod(0o755)
     code, out, results, text = finish(start(broken, path=str(shim)), broken)
     assert code == 1 and "ENVIRONMENT ERROR" in out, out
