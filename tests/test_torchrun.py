@@ -189,6 +189,58 @@ def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
     assert len([t for _, t in result.lines if t.startswith("RESULT")]) == 2
 
 
+LISTENER = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); " \
+           "print(s.getsockname()[1], flush=True); time.sleep(120)"
+
+
+def _listener(env):
+    proc = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True, env=env)
+    return proc, int(proc.stdout.readline())
+
+
+def test_a_port_is_taken_only_by_a_process_that_is_not_of_the_run(monkeypatch):
+    """The run's marker makes a listener ours before any scan of the agents' children found it; an owner psutil
+    could not name (a socket opened while it scanned /proc) is looked at again instead of failing the attempt."""
+    run_id = "owners" + os.urandom(4).hex()
+    ours, our_port = _listener({**os.environ, tr.MARKER: run_id})
+    other, other_port = _listener(dict(os.environ))
+    try:
+        assert tr._port_owners(our_port, [], [], run_id) == ({ours.pid}, set())
+        assert tr._port_owners(other_port, [], [], run_id) == ({other.pid}, {other.pid})
+        looks = iter([{None}, {ours.pid}])
+        monkeypatch.setattr(tr, "_listeners", lambda port: next(looks))
+        assert tr._port_owners(our_port, [], [], run_id) == ({ours.pid}, set()), "a nameless owner is looked at twice"
+        monkeypatch.setattr(tr, "_listeners", lambda port: {None})
+        assert tr._port_owners(our_port, [], [], run_id)[1] == {None}, "still nameless: another user's process"
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
+
+
+SPAWNER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    while True:  # like an agent starting workers, each in its own session, until it is killed
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        time.sleep(0.002)
+    """
+)
+
+
+def test_reaping_catches_workers_started_while_it_ran(tmp_path):
+    """An agent killed mid-spawn leaves workers that no scan before the kill saw: the marker finds them after."""
+    for _ in range(3):
+        run_id = "reap" + os.urandom(4).hex()
+        agent = subprocess.Popen([sys.executable, "-c", SPAWNER], env={**os.environ, tr.MARKER: run_id},
+                                 start_new_session=True)
+        deadline = time.monotonic() + 30
+        while len(processes_of(run_id)) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tr._reap([agent], [], run_id)
+        assert agent.poll() is not None and processes_of(run_id) == [], "a worker outlived the reaping"
+
+
 def test_a_written_script_exits_without_interpreter_teardown(tmp_path):
     """write_script ends main with a flushed hard exit (torch's threads can abort teardown, which torchrun counts as
     a failed worker); output still arrives and an exception in main still fails the script."""

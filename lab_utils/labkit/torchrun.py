@@ -212,6 +212,20 @@ def _reap(procs, seen, run_id) -> int:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+    # an agent may have started a worker (in its own session) after the scan above and before it was killed:
+    # with every agent dead nothing new can start, so the marker finds the last of them
+    for _ in range(3):
+        late = [p for p in processes_of(run_id) if p.pid not in victims]
+        if not late:
+            break
+        for p in late:
+            victims[p.pid] = p
+            try:
+                if os.getpgid(p.pid) == p.pid:
+                    processes.killpg_quiet(p.pid)
+                p.kill()
+            except (psutil.Error, OSError):
+                pass
     _, alive = psutil.wait_procs(list(victims.values()), timeout=5)
     return len([v for v in victims.values() if v not in alive])
 
@@ -294,10 +308,9 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                 _remember_children(procs, seen)
                 next_scan = time.monotonic() + 1.0
                 if rdzv == "static" and not port_ok:  # torch notices a taken port only after a minute of retries
-                    owners = _listeners(port)
-                    ours = {p.pid for p in procs} | {p.pid for p in seen}
-                    if owners - ours:
-                        lines.append((0, f"port {port} is taken by another process (pid {sorted(map(str, owners))})"))
+                    owners, strangers = _port_owners(port, procs, seen, run_id)
+                    if strangers:
+                        lines.append((0, f"port {port} is taken by another process (pid {sorted(map(str, strangers))})"))
                         clash = True
                         break
                     port_ok = bool(owners)
@@ -368,6 +381,23 @@ def _listeners(port: int) -> set:
                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
     except psutil.Error:
         return set()
+
+
+def _port_owners(port, procs, seen, run_id) -> tuple:
+    """Who listens on the run's port: (every owner, those not of this run). psutil maps a socket to its process
+    from a scan of /proc/*/fd taken *before* it reads the socket table, so a socket our agent opened during the
+    scan comes back with pid None: an owner nobody can name is looked at once more before it counts as a stranger
+    (still None then: a process this user may not see). A process carrying the run's marker is ours even when
+    no scan of ``procs``' children has caught it yet."""
+    for look in range(2):
+        owners = _listeners(port)
+        ours = {p.pid for p in procs} | {p.pid for p in seen}
+        if owners - ours:
+            ours |= {p.pid for p in processes_of(run_id)}
+        strangers = owners - ours
+        if strangers != {None} or look:
+            return owners, strangers
+    return owners, strangers
 
 
 def _remember_children(procs, seen):
