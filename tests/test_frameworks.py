@@ -92,6 +92,7 @@ print("stopped", stop_frameworks(), flush=True)
 '''
 
 
+@pytest.mark.slow  # a local Ray instance and a 2-worker TorchTrainer: about 20 s
 def test_ray_train_starts_workers_from_an_environment_whose_path_has_a_space(tmp_path):
     """Lab 10's ray_instance() from a venv under "My Courses": Ray starts Ray Train's workers through `bash -c` with
     their paths unquoted, so without the lab's space-free link to the environment no worker starts and fit() hangs."""
