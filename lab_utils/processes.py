@@ -260,4 +260,10 @@ def reap_token(token: str, var: str, grace_s: float = 0.0) -> list[str]:
     while procs and time.monotonic() < deadline:
         time.sleep(0.2)
         procs = with_token(token, var)
-    return kill_procs(procs)
+    killed = []
+    for _ in range(5):  # one may start a child (in its own session) between our scan and its kill: look again
+        if not procs:
+            break
+        killed += kill_procs(procs)
+        procs = with_token(token, var)
+    return killed
