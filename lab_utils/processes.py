@@ -169,6 +169,19 @@ def kill_group_and_pid(pid: int | None, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def kill_leader(p) -> None:
+    """SIGKILL psutil process ``p`` and the process group it leads, if it leads one (a torchrun worker leads its own
+    session); a process already gone is no error."""
+    import psutil
+
+    try:
+        if os.getpgid(p.pid) == p.pid:
+            killpg_quiet(p.pid)
+        p.kill()
+    except (psutil.Error, OSError):
+        pass
+
+
 def tree(pid: int, include_orphans: bool = False) -> list:
     """``pid`` and its live descendants; with ``include_orphans`` also every descendant of this process."""
     import psutil

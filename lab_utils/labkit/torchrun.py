@@ -198,15 +198,9 @@ def _reap(procs, seen, run_id) -> int:
     for proc in procs:
         if proc.poll() is None:  # once reaped, its pid (= its group id) may belong to someone else
             processes.killpg_quiet(proc.pid)
-    for pid, p in victims.items():
-        try:
-            if not p.is_running():  # psutil compares creation times: a reused pid is not ours
-                continue
-            if os.getpgid(pid) == pid:  # torchrun's workers lead their own session
-                processes.killpg_quiet(pid)
-            p.kill()
-        except (psutil.Error, OSError):
-            pass
+    for p in victims.values():
+        if p.is_running():  # psutil compares creation times: a reused pid is not ours
+            processes.kill_leader(p)  # torchrun's workers lead their own session
     for proc in procs:
         try:
             proc.wait(timeout=5)
@@ -220,12 +214,7 @@ def _reap(procs, seen, run_id) -> int:
             break
         for p in late:
             victims[p.pid] = p
-            try:
-                if os.getpgid(p.pid) == p.pid:
-                    processes.killpg_quiet(p.pid)
-                p.kill()
-            except (psutil.Error, OSError):
-                pass
+            processes.kill_leader(p)
     _, alive = psutil.wait_procs(list(victims.values()), timeout=5)
     return len([v for v in victims.values() if v not in alive])
 
@@ -364,12 +353,7 @@ def _kill_node(proc) -> None:
         victims = []
     processes.killpg_quiet(proc.pid)
     for p in victims:
-        try:
-            if os.getpgid(p.pid) == p.pid:
-                processes.killpg_quiet(p.pid)
-            p.kill()
-        except (psutil.Error, OSError):
-            pass
+        processes.kill_leader(p)
 
 
 def _listeners(port: int) -> set:
