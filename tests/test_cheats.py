@@ -243,13 +243,17 @@ def test_no_cheat_gains_anything(corpus):
     """Every cheat of this corpus against the honest answer underneath it, cell by cell; the failure names each
     cheat that gained and its grading line."""
     honest = _scores(corpus, "honest")
+    honest_total = sum(s for s, _ in honest.values())
     gains = []
     for path in _corpus(corpus["run"]):
         got = _scores(corpus, f"cheat_{path.stem}")
         gained = {gid: s for gid, s in got.items() if s[0] > honest.get(gid, (0, 0))[0]}
+        line = next((x for x in corpus["lines"] if f"cheat_{path.stem}/" in x), "(no line)")
         if gained:
-            line = next((x for x in corpus["lines"] if f"cheat_{path.stem}/" in x), "(no line)")
             gains.append(f"{path.stem} gained {gained}: {line}")
+        said = re.match(r"\s*cheat_\S+: ([0-9.]+)/", line)  # what the instructor reads (and outcomes record)
+        if said and float(said.group(1)) > honest_total:
+            gains.append(f"{path.stem}'s grade line shows more than the honest answer's {honest_total:g}: {line}")
     assert not gains, (f"[{corpus['run'].mode}, {corpus['run'].target.lab}] cheats gained points over the honest answer "
                        f"{honest}:\n" + "\n".join(gains))
 

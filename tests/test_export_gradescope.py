@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -158,6 +159,36 @@ def test_the_bundle_grades_as_dtlabs_grade_does(synthetic_bundle, tmp_path, no_l
     # the cheat gains nothing over the honest wrong answer underneath it
     assert scores["cheat"] == scores["wrong"], runs["cheat"][1]
     assert graded(runs["cheat"][2])["test_add"]["output"] == failed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_score_forged_in_the_scratch_gradebook_never_reaches_gradescope(synthetic_bundle, tmp_path,
+                                                                          no_leaked_processes):
+    """Without bubblewrap (DTLABS_SANDBOX=off, as in a container that allows no namespaces) a submission can write the
+    scratch course's gradebook it is graded in, as grader/cheats/gradebook_write.py does: results.json reports what
+    autograde computed, never the manual scores it forged there."""
+    course, zip_path = synthetic_bundle
+    rel, src = _notebooks(course)
+    wrong = known_wrong(LAB, course)[0]  # ignores_sign: 0/2 on test_add, 1/1 on test_twice
+    scratch_tmp = tmp_path / "tmp"  # where this run's scratch courses are made, and all the forger searches
+    scratch_tmp.mkdir()
+    forge = textwrap.dedent(f"""
+        import glob, sqlite3
+        for _db in glob.glob({str(scratch_tmp)!r} + "/**/gradebook.db", recursive=True):
+            _con = sqlite3.connect(_db)
+            _con.execute("UPDATE grade SET manual_score = 100")
+            _con.commit()
+            print("forged", _db)
+        """)
+    root = unpack(zip_path, tmp_path / "forger")
+    nbformat.write(grading.fill_solutions(rel, src, {wrong.replaces: wrong.source + "\n\n\n" + forge}),
+                   str(root / "submission" / f"{LAB}.ipynb"))
+    code, out, results, text = finish(start(root, env={"DTLABS_SANDBOX": "off", "TMPDIR": str(scratch_tmp)}), root)
+    assert code == 0, out
+    forged = "forged" in out or any("forged" in t.get("output", "") for t in results["tests"])
+    scores = {gid: t["score"] for gid, t in graded(results).items()}
+    assert scores == {"test_add": 0.0, "test_twice": 1.0} and results["score"] == 1.0, (forged, results, out[-3000:])
 
 
 @pytest.mark.slow

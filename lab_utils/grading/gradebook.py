@@ -23,8 +23,12 @@ def db_url(course_root: Path | str) -> str:
     return "sqlite:///" + str(Path(course_root).resolve() / WORK / "gradebook.db")
 
 
-def cell_scores(course_root: Path | str, lab: str, student: str) -> dict:
-    """grade_id -> (score, max_score) of every graded cell of one autograded submission ({} if none)."""
+def cell_scores(course_root: Path | str, lab: str, student: str, *, auto: bool = False) -> dict:
+    """grade_id -> (score, max_score) of every graded cell of one autograded submission ({} if none).
+
+    ``auto``: the scores autograde computed, ignoring manual ones. A scratch course's gradebook must be read so: its
+    manual scores come from nobody but a submission that wrote the file while it ran (where no sandbox stops it),
+    and ``merge`` copies the autograde scores alone."""
     from nbgrader.api import Gradebook, MissingEntry
 
     out = {}
@@ -35,7 +39,7 @@ def cell_scores(course_root: Path | str, lab: str, student: str) -> dict:
             return {}
         for nb in sub.notebooks:
             for g in nb.grades:
-                out[g.name] = (float(g.score or 0.0), float(g.max_score))
+                out[g.name] = (float((g.auto_score if auto else g.score) or 0.0), float(g.max_score))
     return out
 
 
