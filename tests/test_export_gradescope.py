@@ -166,8 +166,8 @@ def test_the_bundle_grades_as_dtlabs_grade_does(synthetic_bundle, tmp_path, no_l
 def test_a_score_forged_in_the_scratch_gradebook_never_reaches_gradescope(synthetic_bundle, tmp_path,
                                                                           no_leaked_processes):
     """Without bubblewrap (DTLABS_SANDBOX=off, as in a container that allows no namespaces) a submission can write the
-    scratch course's gradebook it is graded in, as grader/cheats/gradebook_write.py does: results.json reports what
-    autograde computed, never the manual scores it forged there."""
+    scratch course's gradebook it is graded in, as grader/cheats/gradebook_write.py does: the manual scores it forged
+    there never reach results.json, and the submission is not graded, with the reason."""
     course, zip_path = synthetic_bundle
     rel, src = _notebooks(course)
     wrong = known_wrong(LAB, course)[0]  # ignores_sign: 0/2 on test_add, 1/1 on test_twice
@@ -186,9 +186,9 @@ def test_a_score_forged_in_the_scratch_gradebook_never_reaches_gradescope(synthe
                    str(root / "submission" / f"{LAB}.ipynb"))
     code, out, results, text = finish(start(root, env={"DTLABS_SANDBOX": "off", "TMPDIR": str(scratch_tmp)}), root)
     assert code == 0, out
-    forged = "forged" in out or any("forged" in t.get("output", "") for t in results["tests"])
-    scores = {gid: t["score"] for gid, t in graded(results).items()}
-    assert scores == {"test_add": 0.0, "test_twice": 1.0} and results["score"] == 1.0, (forged, results, out[-3000:])
+    assert results["score"] == 0.0 and all(t["score"] == 0.0 for t in results["tests"]), (results, out[-3000:])
+    assert results["output"].startswith("NOT GRADED: ") and "changed the gradebook it was graded in: scores " \
+        "autograde never writes (manual, extra credit) on test_add, test_twice" in results["output"], results
 
 
 @pytest.mark.slow

@@ -242,6 +242,46 @@ def test_grade_one_and_merge_for_job_arrays(synthetic_course, tmp_path, no_leake
     assert (root / "grader" / "work" / "autograded" / "carol" / LAB / f"{LAB}.ipynb").is_file()
 
 
+# Moves this submission's time in every gradebook under FOLDER to before the due date (a late penalty erased).
+BACKDATE = textwrap.dedent("""
+    import glob, sqlite3
+    for _db in glob.glob(FOLDER + "/**/gradebook.db", recursive=True):
+        _con = sqlite3.connect(_db)
+        _con.execute("UPDATE submitted_assignment SET timestamp = '2030-01-01 00:00:00.000000'")
+        _con.commit()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_late_submission_that_backdates_itself_in_the_fallback_is_not_graded(synthetic_course, tmp_path,
+                                                                              no_leaked_processes, capsys, monkeypatch):
+    """Without bubblewrap a submission can write the scratch gradebook it runs beside: one that moves its own
+    submission time before the due date (no late penalty) is NOT GRADED, with the reason, instead of graded on time."""
+    import tempfile
+
+    from conftest import LATE_POLICY, REPO
+
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    (root / "grader" / "nbgrader_config.py").write_text((REPO / "grader" / "nbgrader_config.py").read_text()
+                                                        + LATE_POLICY)
+    scratch = tmp_path / "tmp"  # the scratch courses and results of this run, and all the submission searches
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("DTLABS_SANDBOX", "off")
+    rel, src = _notebooks(root)
+    folder = grading.submit(root, "mallory", LAB, grading.fill_solutions(
+        rel, src, {"add": "def add(a, b):\n    return a + b\n\n\ndef twice(x):\n    return 2 * x\n\n\nFOLDER = " + repr(str(scratch)) + "\n" + BACKDATE})).parent
+    (folder / "timestamp.txt").write_text("2030-01-12 09:00:00 UTC")  # two days late: two points
+    code = cli.main(["grade-one", LAB, "mallory", "--out", str(scratch / "results"), "--course-root", str(root)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "mallory/00_synthetic: NOT GRADED" in out and "it changed the gradebook it was graded in: its " \
+        "submission time (2030-01-01 00:00:00, collected as 2030-01-12 09:00:00)" in out, out
+
+
 def test_starting_the_sandbox_is_not_cut_short_by_the_per_cell_limit(tmp_path, monkeypatch):
     """The hidden first cell starts the subject (bubblewrap, Python, torch): under load that takes longer than an
     instructor's short ``--timeout`` for student cells (a CI run lost a good submission to ``--timeout 5`` so)."""

@@ -43,6 +43,43 @@ def cell_scores(course_root: Path | str, lab: str, student: str, *, auto: bool =
     return out
 
 
+def tampering(scratch_root: Path | str, template_root: Path | str, lab: str, student: str, submitted: Path,
+              due: str | None) -> list[str]:
+    """What a submission changed in the scratch gradebook it was graded in, possible only where no sandbox hides the
+    file (the fallback): scores autograde never writes (manual, extra credit), its submission time (against the
+    ``timestamp.txt`` it was collected with) or the lab's due date (against ``due``, the course's
+    ``c.DTLabs.due_dates[lab]``, else the template's). Each would change its grade or its late penalty."""
+    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.utils import parse_utc
+
+    stamp = Path(submitted) / "timestamp.txt"
+    text = stamp.read_text().strip() if stamp.is_file() and not stamp.is_symlink() else ""
+    expected_time = parse_utc(text) if text else None
+    if due:
+        expected_due = parse_utc(due)
+    else:
+        with Gradebook(db_url(template_root)) as gb:
+            try:
+                expected_due = gb.find_assignment(lab).duedate
+            except MissingEntry:
+                expected_due = None
+    found = []
+    with Gradebook(db_url(scratch_root)) as gb:
+        try:
+            sub = gb.find_submission(lab, student)
+        except MissingEntry:
+            return []
+        forged = sorted(g.name for nb in sub.notebooks for g in nb.grades
+                        if g.manual_score is not None or g.extra_credit)
+        if forged:
+            found.append(f"scores autograde never writes (manual, extra credit) on {', '.join(forged)}")
+        if expected_time is not None and sub.timestamp != expected_time:
+            found.append(f"its submission time ({sub.timestamp}, collected as {expected_time})")
+        if sub.assignment.duedate != expected_due:
+            found.append(f"the due date ({sub.assignment.duedate}, the course's is {expected_due})")
+    return [f"it changed the gradebook it was graded in: {what}" for what in found]
+
+
 SOURCES = "gradebook-sources.json"  # lab -> digest of the source notebook the gradebook last recorded
 
 

@@ -138,6 +138,14 @@ def _failed_cells(autograded_nb: Path) -> list[str]:
     return out
 
 
+def _due_date(course_root: Path, lab: str) -> str | None:
+    """The lab's due date in the course's config (``c.DTLabs.due_dates``), as ``late.DueDates`` sets it."""
+    from lab_utils import settings
+    from lab_utils.grading.nbgrader_run import load_config
+
+    return settings.load(load_config(course_root)).due_dates.get(lab)
+
+
 def grade_submission(course_root: Path, lab: str, student: str, template: Path, *, cell_timeout=None,
                      timeout: float | None = DEFAULT_SUBMISSION_TIMEOUT_S, scratch: Path | None = None,
                      submission_dir: Path | None = None) -> Result:
@@ -163,13 +171,16 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
                        course_root=scratch, config_root=course_root, cell_timeout=cell_timeout, timeout=timeout)
     res.output = run.output
     res.scores = gradebook.cell_scores(scratch, lab, student, auto=True)  # what merge records, and nothing forged
+    forged = gradebook.tampering(scratch, template, lab, student, submitted, _due_date(course_root, lab))
+    if forged:  # a grade or late penalty it may have changed is no grade: the instructor reads why
+        res.scores = {}
     reasons = [copied.note()] if copied.left_out else []
     if report.is_file():
         reasons += [f"sandbox: {line.strip()}" for line in report.read_text().splitlines() if line.strip()]
     if run.timed_out:
         reasons.append(f"wall-clock limit: grading took over {timeout:g} s")
     reasons += _tampered_cells(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb", template, lab)
-    reasons += _reasons_from_log(run.output)
+    reasons += _reasons_from_log(run.output) + forged
     if res.graded and res.points[0] == 0:
         reasons += _failed_cells(res.notebook)[:3]
     res.reasons = list(dict.fromkeys(reasons))
