@@ -43,26 +43,35 @@ def cell_scores(course_root: Path | str, lab: str, student: str, *, auto: bool =
     return out
 
 
-def tampering(scratch_root: Path | str, template_root: Path | str, lab: str, student: str, submitted: Path,
-              due: str | None) -> list[str]:
-    """What a submission changed in the scratch gradebook it was graded in, possible only where no sandbox hides the
-    file (the fallback): scores autograde never writes (manual, extra credit), its submission time (against the
-    ``timestamp.txt`` it was collected with) or the lab's due date (against ``due``, the course's
-    ``c.DTLabs.due_dates[lab]``, else the template's). Each would change its grade or its late penalty."""
+def expected_dates(template_root: Path | str, lab: str, submitted: Path, due: str | None) -> tuple:
+    """(submission time, due date) a submission must still have in its scratch gradebook after it ran: the time of
+    the ``timestamp.txt`` it was collected with, and ``due`` (the course's ``c.DTLabs.due_dates[lab]``), else the
+    template's due date. Read before the submission runs: without a sandbox it could change those files too."""
     from nbgrader.api import Gradebook, MissingEntry
     from nbgrader.utils import parse_utc
 
     stamp = Path(submitted) / "timestamp.txt"
     text = stamp.read_text().strip() if stamp.is_file() and not stamp.is_symlink() else ""
-    expected_time = parse_utc(text) if text else None
+    try:
+        when = parse_utc(text) if text else None
+    except ValueError:  # nbgrader refuses that submission itself, with the file's name
+        when = None
     if due:
-        expected_due = parse_utc(due)
-    else:
-        with Gradebook(db_url(template_root)) as gb:
-            try:
-                expected_due = gb.find_assignment(lab).duedate
-            except MissingEntry:
-                expected_due = None
+        return when, parse_utc(due)
+    with Gradebook(db_url(template_root)) as gb:
+        try:
+            return when, gb.find_assignment(lab).duedate
+        except MissingEntry:
+            return when, None
+
+
+def tampering(scratch_root: Path | str, lab: str, student: str, expected: tuple) -> list[str]:
+    """What a submission changed in the scratch gradebook it was graded in, possible only where no sandbox hides the
+    file (the fallback): scores autograde never writes (manual, extra credit), its submission time or the lab's due
+    date (``expected``: ``expected_dates``). Each would change its grade or its late penalty."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    expected_time, expected_due = expected
     found = []
     with Gradebook(db_url(scratch_root)) as gb:
         try:

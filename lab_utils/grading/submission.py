@@ -167,11 +167,12 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
         res.seconds = time.monotonic() - start
         return res
     report = scratch / "sandbox.txt"
+    expected = gradebook.expected_dates(template, lab, submitted, _due_date(course_root, lab))  # before it runs
     run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
                        course_root=scratch, config_root=course_root, cell_timeout=cell_timeout, timeout=timeout)
     res.output = run.output
     res.scores = gradebook.cell_scores(scratch, lab, student, auto=True)  # what merge records, and nothing forged
-    forged = gradebook.tampering(scratch, template, lab, student, submitted, _due_date(course_root, lab))
+    forged = gradebook.tampering(scratch, lab, student, expected)
     if forged:  # a grade or late penalty it may have changed is no grade: the instructor reads why
         res.scores = {}
     reasons = [copied.note()] if copied.left_out else []

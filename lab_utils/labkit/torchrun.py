@@ -373,14 +373,14 @@ def _port_owners(port, procs, seen, run_id) -> tuple:
     scan comes back with pid None: an owner nobody can name is looked at once more before it counts as a stranger
     (still None then: a process this user may not see). A process carrying the run's marker is ours even when
     no scan of ``procs``' children has caught it yet."""
-    for look in range(2):
+    for look in (1, 2):
         owners = _listeners(port)
         ours = {p.pid for p in procs} | {p.pid for p in seen}
         if owners - ours:
             ours |= {p.pid for p in processes_of(run_id)}
         strangers = owners - ours
-        if strangers != {None} or look:
-            return owners, strangers
+        if strangers != {None}:
+            break
     return owners, strangers
 
 
