@@ -43,10 +43,10 @@ def cell_scores(course_root: Path | str, lab: str, student: str, *, auto: bool =
     return out
 
 
-def expected_dates(template_root: Path | str, lab: str, submitted: Path, due: str | None) -> tuple:
+def expected_dates(template_root: Path | str, lab: str, submitted: Path, due) -> tuple:
     """(submission time, due date) a submission must still have in its scratch gradebook after it ran: the time of
-    the ``timestamp.txt`` it was collected with, and ``due`` (the course's ``c.DTLabs.due_dates[lab]``), else the
-    template's due date. Read before the submission runs: without a sandbox it could change those files too."""
+    the ``timestamp.txt`` it was collected with, and ``due`` (the course's, ``late.due_date``), else the template's
+    due date. Read before the submission runs: without a sandbox it could change those files too."""
     from nbgrader.api import Gradebook, MissingEntry
     from nbgrader.utils import parse_utc
 
@@ -57,7 +57,7 @@ def expected_dates(template_root: Path | str, lab: str, submitted: Path, due: st
     except ValueError:  # nbgrader refuses that submission itself, with the file's name
         when = None
     if due:
-        return when, parse_utc(due)
+        return when, due
     with Gradebook(db_url(template_root)) as gb:
         try:
             return when, gb.find_assignment(lab).duedate

@@ -19,7 +19,7 @@ from pathlib import Path
 from lab_utils.grading import gradebook
 from lab_utils.grading.boundary.files import SubmissionError, copy_submission, regular_notebook
 from lab_utils.grading.course import WORK, cell_meta, split_hidden
-from lab_utils.grading.nbgrader_run import run_nbgrader
+from lab_utils.grading.nbgrader_run import load_config, run_nbgrader
 from lab_utils.grading.boundary.sandbox import ENVIRONMENT
 
 # ------------------------------------------------------------------------------------------ grading one
@@ -138,14 +138,6 @@ def _failed_cells(autograded_nb: Path) -> list[str]:
     return out
 
 
-def _due_date(course_root: Path, lab: str) -> str | None:
-    """The lab's due date in the course's config (``c.DTLabs.due_dates``), as ``late.DueDates`` sets it."""
-    from lab_utils import settings
-    from lab_utils.grading.nbgrader_run import load_config
-
-    return settings.load(load_config(course_root)).due_dates.get(lab)
-
-
 def grade_submission(course_root: Path, lab: str, student: str, template: Path, *, cell_timeout=None,
                      timeout: float | None = DEFAULT_SUBMISSION_TIMEOUT_S, scratch: Path | None = None,
                      submission_dir: Path | None = None) -> Result:
@@ -167,7 +159,10 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
         res.seconds = time.monotonic() - start
         return res
     report = scratch / "sandbox.txt"
-    expected = gradebook.expected_dates(template, lab, submitted, _due_date(course_root, lab))  # before it runs
+    from lab_utils.grading.export.late import due_date
+
+    # before it runs: the due date late.DueDates will set, from the course's config
+    expected = gradebook.expected_dates(template, lab, submitted, due_date(load_config(course_root), lab))
     run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
                        course_root=scratch, config_root=course_root, cell_timeout=cell_timeout, timeout=timeout)
     res.output = run.output

@@ -13,24 +13,33 @@ from __future__ import annotations
 from nbgrader.preprocessors import NbGraderPreprocessor
 
 
+def due_date(config, lab: str):
+    """``c.DTLabs.due_dates[lab]`` of ``config``, parsed as nbgrader parses dates (None when the lab has none); a date
+    nbgrader cannot read is a clear error."""
+    from nbgrader.utils import parse_utc
+
+    from lab_utils import settings
+
+    due = settings.load(config).due_dates.get(lab) if lab else None
+    if not due:
+        return None
+    try:
+        return parse_utc(due)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"c.DTLabs.due_dates[{lab!r}] = {due!r} is not a date nbgrader reads "
+                         f"(e.g. '2025-10-01 23:59:00 UTC'): {exc}") from None
+
+
 class DueDates(NbGraderPreprocessor):
     """Sets the lab's due date (``c.DTLabs.due_dates``) in the gradebook autograde is using."""
 
     def preprocess(self, nb, resources):
         from nbgrader.api import Gradebook
-        from nbgrader.utils import parse_utc
-
-        from lab_utils import settings
 
         info = resources.get("nbgrader") or {}
         lab, db_url = info.get("assignment"), info.get("db_url")
-        due = settings.load(self.config).due_dates.get(lab) if lab else None
-        if due and db_url:
-            try:
-                when = parse_utc(due)
-            except (ValueError, OverflowError) as exc:
-                raise ValueError(f"c.DTLabs.due_dates[{lab!r}] = {due!r} is not a date nbgrader reads "
-                                 f"(e.g. '2025-10-01 23:59:00 UTC'): {exc}") from None
+        when = due_date(self.config, lab)
+        if when and db_url:
             with Gradebook(db_url) as gb:
                 gb.update_or_create_assignment(lab, duedate=when)
         return nb, resources
