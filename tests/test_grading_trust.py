@@ -160,6 +160,23 @@ def test_a_machine_that_cannot_grade_refuses_says_why_and_writes_nothing(course,
     assert not (work / "autograded").exists(), text
 
 
+def test_a_subject_stopped_by_the_address_space_limit_before_the_watchdog_looks_is_named_a_memory_limit(tmp_path):
+    """The race the canary test leaves to chance: the watchdog (here slowed to a minute) has not yet measured the
+    subject when its small limit stops the interpreter, so the reason comes from what the subject printed."""
+    from lab_utils.grading.boundary.sandbox import Limits
+    from lab_utils.grading.split import proxy
+
+    work = tmp_path / "work"
+    work.mkdir()
+    session = proxy._Session(work, limits=Limits(memory_mb=5, poll_s=60.0))
+    try:
+        with pytest.raises(proxy.SubjectGone, match="memory limit") as caught:
+            session.wait_ready(timeout=60)
+    finally:
+        session.stop()
+    assert "exited with code" not in str(caught.value), caught.value
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_canary_verdict_is_kept_until_something_it_depends_on_changes(course, tmp_path, monkeypatch):
