@@ -128,3 +128,57 @@ def test_ray_train_starts_workers_from_an_environment_whose_path_has_a_space(tmp
         processes.reap_token(token, "DTLABS_RAY_SPACE_TEST")
     assert proc.returncode == 0 and "RESULT 2" in out, out[-3000:]
     assert " " in python and "My Courses" not in out.split("ray imported from", 1)[1].splitlines()[0], out[-3000:]
+
+
+DEEPSPEED_STEP = '''
+import os, sys
+import torch
+import torch.distributed as dist
+{helpers}
+
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")  # as the course's launcher sets
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+deepspeed = deepspeed_on_cpu()
+model = torch.nn.Linear(4, 2)
+config = {{"train_micro_batch_size_per_gpu": 2, "optimizer": {{"type": "Adam", "params": {{"lr": 0.1, "torch_adam": True}}}},
+          "zero_optimization": {{"stage": 3}}, "steps_per_print": 10**9}}
+with quiet_stderr():
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    loss = engine(torch.ones(2, 4)).square().mean()
+    engine.backward(loss)
+    engine.step()
+print("STEPPED", flush=True)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow  # imports DeepSpeed: about 10 s
+def test_a_deepspeed_step_does_not_depend_on_numactl(tmp_path):
+    """Lab 10's deepspeed_on_cpu() where `numactl` cannot be run (a folder on PATH that cannot be searched gives
+    PermissionError, which DeepSpeed's CPU device count does not catch): a ZeRO-3 step still completes. A `numactl`
+    without execute permission first on PATH stands for it, for root too."""
+    import json
+    import os
+    from pathlib import Path
+
+    from lab_utils import processes
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed here (the frameworks extra)")
+    cells = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "10_3d_frameworks" /
+                        "10_3d_frameworks.ipynb").read_text())["cells"]
+    helpers = next("".join(c["source"]) for c in cells
+                   if c["metadata"].get("nbgrader", {}).get("grade_id") == "frameworks_helpers")
+    trap = tmp_path / "bin"
+    trap.mkdir()
+    (trap / "numactl").write_text("#!/bin/sh\nexit 0\n")
+    (trap / "numactl").chmod(0o644)
+    (tmp_path / "step.py").write_text(DEEPSPEED_STEP.format(helpers=helpers))
+    env = {**os.environ, "PATH": f"{trap}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": processes.python_path()}
+    for name in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, str(tmp_path / "step.py"), str(tmp_path / "store")], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "STEPPED" in out, out[-3000:]
