@@ -182,6 +182,48 @@ def kill_leader(p) -> None:
         pass
 
 
+def _descendant_pids(pid: int) -> list[int] | None:
+    """``pid``'s descendants from the kernel's per-thread lists of children (``/proc/PID/task/TID/children``): reads
+    in proportion to the tree, where psutil reads every process on the machine (a sandbox's watchdog asks ten times a
+    second). None where the kernel keeps no such lists."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue  # gone
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    kids = [int(x) for x in fh.read().split()]
+            except FileNotFoundError:
+                if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+                    return None  # a kernel without CONFIG_PROC_CHILDREN
+                continue  # the thread ended
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def descendants(pid: int) -> list:
+    """``pid``'s live and zombie descendants (psutil processes), found from ``pid`` down (``_descendant_pids``)."""
+    import psutil
+
+    pids = _descendant_pids(pid)
+    if pids is None:
+        return psutil.Process(pid).children(recursive=True)
+    out = []
+    for child in pids:
+        try:
+            out.append(psutil.Process(child))
+        except psutil.Error:
+            pass
+    return out
+
+
 def tree(pid: int, include_orphans: bool = False) -> list:
     """``pid`` and its live descendants; with ``include_orphans`` also every descendant of this process."""
     import psutil
@@ -189,13 +231,13 @@ def tree(pid: int, include_orphans: bool = False) -> list:
     found = {}
     try:
         root = psutil.Process(pid)
-        for p in [root, *root.children(recursive=True)]:
+        for p in [root, *descendants(pid)]:
             found[p.pid] = p
     except psutil.Error:
         pass
     if include_orphans:
         try:
-            for p in psutil.Process().children(recursive=True):
+            for p in descendants(os.getpid()):
                 found.setdefault(p.pid, p)
         except psutil.Error:
             pass
@@ -237,7 +279,7 @@ def kill_descendants(pid: int | None = None) -> list[str]:
     import psutil
 
     try:
-        procs = psutil.Process(pid or os.getpid()).children(recursive=True)
+        procs = descendants(pid or os.getpid())
     except psutil.Error:
         return []
     return kill_procs(procs, wait_s=0)

@@ -189,7 +189,7 @@ def _reap(procs, seen, run_id) -> int:
     victims = {p.pid: p for p in seen}
     for proc in procs:
         try:
-            for child in psutil.Process(proc.pid).children(recursive=True):
+            for child in processes.descendants(proc.pid):
                 victims.setdefault(child.pid, child)
         except psutil.Error:
             pass
@@ -348,7 +348,7 @@ def _kill_node(proc) -> None:
     import psutil
 
     try:
-        victims = psutil.Process(proc.pid).children(recursive=True)
+        victims = processes.descendants(proc.pid)
     except psutil.Error:
         victims = []
     processes.killpg_quiet(proc.pid)
@@ -391,7 +391,7 @@ def _remember_children(procs, seen):
     known = {p.pid for p in seen}
     for proc in procs:
         try:
-            for child in psutil.Process(proc.pid).children(recursive=True):
+            for child in processes.descendants(proc.pid):
                 if child.pid not in known:
                     seen.append(child)
                     known.add(child.pid)
