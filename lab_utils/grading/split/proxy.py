@@ -74,10 +74,11 @@ def _remote_exception(reply: dict) -> BaseException:
     return exc
 
 
-# what a process says when the address-space limit stops it: Python, C++, and the dynamic loader (an extension module
-# or library that cannot be mapped, often the first thing to fail in a small limit)
-_OUT_OF_MEMORY = (b"MemoryError", b"Cannot allocate memory", b"bad_alloc", b"out of memory",
-                  b"failed to map segment from shared object", b"cannot map zero-fill pages")
+# what a process says when the address-space limit stops it: Python and C++, and the dynamic loader (an extension
+# module or library that cannot be mapped: often the first thing to fail under a small limit, and what it says of a
+# noexec mount too)
+_OUT_OF_MEMORY = (b"MemoryError", b"Cannot allocate memory", b"bad_alloc", b"out of memory")
+_UNMAPPABLE = (b"failed to map segment from shared object", b"cannot map zero-fill pages")
 START_TIMEOUT_S = 120  # to start the subject (bubblewrap, Python, torch): the grader's time, never the student's
 # The subject's program: its working directory (the submission's files) off the path before anything is imported, so
 # a shipped torch.py or lab_utils/ cannot replace what the subject starts with (it is put back once the subject is
@@ -149,10 +150,10 @@ class _Session:
             reason = self.box.reason
         if not reason:
             tail = getattr(self, "_tail", b"")
-            if any(m in tail for m in _OUT_OF_MEMORY):
+            if any(m in tail for m in _OUT_OF_MEMORY + _UNMAPPABLE):
                 reason = (f"memory limit: a process of the submission could not allocate memory under the sandbox's "
                           f"limit ({self.box.limits.memory_mb} MB)")
-                if any(m in tail for m in _OUT_OF_MEMORY[4:]):  # the loader says the same of a noexec mount
+                if any(m in tail for m in _UNMAPPABLE):
                     reason += " (a library could not be mapped; if the limit is generous, look for a noexec mount)"
             else:
                 reason = f"it exited with code {code}" if code is not None else "it stopped answering"
