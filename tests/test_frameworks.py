@@ -68,6 +68,17 @@ def test_horovod_builds_against_the_installed_torch():
     pytest.fail("horovod imports here now: add it to Lab 10 (and to the frameworks extra) instead of this skip")
 
 
+def _lab10_helpers() -> str:
+    """The source of Lab 10's helper cell (ray_instance, deepspeed_on_cpu, quiet_stderr, ...), to run in a script."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "10_3d_frameworks" /
+                        "10_3d_frameworks.ipynb").read_text())["cells"]
+    return next("".join(c["source"]) for c in cells
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == "frameworks_helpers")
+
+
 RAY_FIT = '''
 import os, sys, json, time
 import torch
@@ -96,19 +107,14 @@ print("stopped", stop_frameworks(), flush=True)
 def test_ray_train_starts_workers_from_an_environment_whose_path_has_a_space(tmp_path):
     """Lab 10's ray_instance() from a venv under "My Courses": Ray starts Ray Train's workers through `bash -c` with
     their paths unquoted, so without the lab's space-free link to the environment no worker starts and fit() hangs."""
-    import json
     import os
     import uuid
-    from pathlib import Path
 
     from lab_utils import processes
 
     if importlib.util.find_spec("ray") is None:
         pytest.skip("ray is not installed here (the frameworks extra)")
-    cells = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "10_3d_frameworks" /
-                        "10_3d_frameworks.ipynb").read_text())["cells"]
-    helpers = next("".join(c["source"]) for c in cells
-                   if c["metadata"].get("nbgrader", {}).get("grade_id") == "frameworks_helpers")
+    helpers = _lab10_helpers()
     venv = tmp_path / "My Courses" / "venv"
     venv.parent.mkdir()
     venv.symlink_to(sys.prefix)
@@ -157,18 +163,13 @@ def test_a_deepspeed_step_does_not_depend_on_numactl(tmp_path):
     """Lab 10's deepspeed_on_cpu() where `numactl` cannot be run (a folder on PATH that cannot be searched gives
     PermissionError, which DeepSpeed's CPU device count does not catch): a ZeRO-3 step still completes. A `numactl`
     without execute permission first on PATH stands for it, for root too."""
-    import json
     import os
-    from pathlib import Path
 
     from lab_utils import processes
 
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("deepspeed is not installed here (the frameworks extra)")
-    cells = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "10_3d_frameworks" /
-                        "10_3d_frameworks.ipynb").read_text())["cells"]
-    helpers = next("".join(c["source"]) for c in cells
-                   if c["metadata"].get("nbgrader", {}).get("grade_id") == "frameworks_helpers")
+    helpers = _lab10_helpers()
     trap = tmp_path / "bin"
     trap.mkdir()
     (trap / "numactl").write_text("#!/bin/sh\nexit 0\n")
