@@ -144,7 +144,10 @@ def course(passwords, hub_install) -> Path:
     dest = COURSE_PARENT / COURSE_NAME
 
     def make():
-        COURSE_PARENT.mkdir(exist_ok=True)
+        # the instructor's folder starts empty: what an earlier run left in it may belong to a user since deleted and
+        # made again under another uid (the builds and venvs the tests put beside the course are removed as them)
+        shutil.rmtree(COURSE_PARENT, ignore_errors=True)
+        COURSE_PARENT.mkdir()
         os.chmod(COURSE_PARENT, 0o755)
         shutil.chown(COURSE_PARENT, TEACHER)  # the instructor's folder: their other venvs and builds go beside it
         t0 = time.monotonic()
