@@ -373,7 +373,7 @@ def _port_owners(port, procs, seen, run_id) -> tuple:
     scan comes back with pid None: an owner nobody can name is looked at once more before it counts as a stranger
     (still None then: a process this user may not see). A process carrying the run's marker is ours even when
     no scan of ``procs``' children has caught it yet."""
-    for look in (1, 2):
+    for _ in range(2):  # a second look only while the one stranger is nameless
         owners = _listeners(port)
         ours = {p.pid for p in procs} | {p.pid for p in seen}
         if owners - ours:
