@@ -14,8 +14,10 @@ real ``nbgrader autograde`` run instead, as a student's would be.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import time
 import uuid
 
@@ -96,7 +98,24 @@ def test_known_wrong_submission_names_real_cells(lab, name):
 
 
 # ------------------------------------------------------------------------------------------ papermill
-def _papermill(lab, tmp_path, parameters, timing_key, node):
+def spaced_kernel(tmp_path, monkeypatch) -> str:
+    """A kernelspec whose Python is this venv reached through a folder named "My Courses" (a student's course under
+    a path with a space): its name, found through JUPYTER_PATH. There, without Lab 10's ray_instance() workaround,
+    Ray Train's fit hangs (Ray starts its workers through `bash -c` with their paths unquoted)."""
+    venv = tmp_path / "My Courses" / "venv"
+    venv.parent.mkdir()
+    venv.symlink_to(sys.prefix)
+    spec = tmp_path / "jupyter" / "kernels" / "dtlabs-spaced"
+    spec.mkdir(parents=True)
+    argv = [str(venv) + sys.executable[len(sys.prefix):], "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3 (My Courses)",
+                                                  "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(tmp_path / "jupyter"),
+                                                                      os.environ.get("JUPYTER_PATH")])))
+    return "dtlabs-spaced"
+
+
+def _papermill(lab, tmp_path, parameters, timing_key, node, kernel_name="python3"):
     """Execute the solution beside a copy of its folder (a lab may write files); return the executed notebook."""
     import papermill
 
@@ -105,7 +124,7 @@ def _papermill(lab, tmp_path, parameters, timing_key, node):
     out = tmp_path / f"{lab}.{timing_key}.ipynb"
     start = time.monotonic()
     papermill.execute_notebook(
-        str(work / f"{lab}.ipynb"), str(out), parameters=parameters, cwd=str(work), kernel_name="python3",
+        str(work / f"{lab}.ipynb"), str(out), parameters=parameters, cwd=str(work), kernel_name=kernel_name,
         progress_bar=False, log_output=False, execution_timeout=300,
         kernel_manager_class=PrivateSocketKernelManager,  # no kernel port race with other tests' ranks
     )
@@ -116,8 +135,9 @@ def _papermill(lab, tmp_path, parameters, timing_key, node):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("lab", LAB_NAMES)
-def test_solution_runs_under_papermill(lab, tmp_path, no_leaked_processes, request):
-    executed = _papermill(lab, tmp_path, PARAMETERS, "papermill_s", request.node)
+def test_solution_runs_under_papermill(lab, tmp_path, no_leaked_processes, request, monkeypatch):
+    """The kernel runs from the venv reached through a path with a space, as a course kept under "My Courses"."""
+    executed = _papermill(lab, tmp_path, PARAMETERS, "papermill_s", request.node, spaced_kernel(tmp_path, monkeypatch))
     injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and "BACKEND = \"gloo\"" in injected[0].source, "papermill did not inject the parameters"
 
