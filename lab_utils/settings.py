@@ -59,6 +59,10 @@ class DTLabs(Configurable):
              "bwrap: refuse to grade without bubblewrap; off: always the fallback (tests of the fallback)."
     ).tag(config=True, env="DTLABS_SANDBOX")
 
+    warm_nbgrader = Bool(
+        True, help="Fork each nbgrader run from a server that has imported nbgrader once (about a CPU-second saved "
+                   "per submission). Off: every run is a fresh `python -m nbgrader`. Either way the run is the same."
+    ).tag(config=True, env="DTLABS_WARM_NBGRADER")
     unsafe_plain_execute = Bool(
         False, help="Only for benchmarks/bench_grading.py's baseline: grade with nbgrader's own Execute, student code "
                     "in the grader's kernel, no sandbox. Never for a class."

@@ -1,0 +1,109 @@
+"""nbgrader runs forked from the warm server (lab_utils/grading/nbgrader_run.py) are the runs a fresh
+``python -m nbgrader`` would be: each its own environment, folder, ``sys.path`` and exit code, none seeing what an
+earlier one changed, stopped with what it started at its time limit; the server belongs to no run and ends with
+the process that started it.
+
+A probe course's ``grader/nbgrader_config.py`` (which nbgrader executes in every run) prints what the run sees.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from lab_utils.grading import nbgrader_run
+
+PROBE = '''
+import json, os, sys
+print("PROBE " + json.dumps({"cwd": os.getcwd(), "value": os.environ.get("DTLABS_PROBE"), "path0": sys.path[0],
+                             "seen": getattr(json, "_dtlabs_probe_seen", 0), "pid": os.getpid(),
+                             "ppid": os.getppid()}), flush=True)
+json._dtlabs_probe_seen = getattr(json, "_dtlabs_probe_seen", 0) + 1   # state a later run must not see
+if os.environ.get("DTLABS_PROBE") == "hang":
+    import time
+    time.sleep(120)
+if os.environ.get("DTLABS_PROBE") == "fail":
+    raise SystemExit(3)
+'''
+
+
+@pytest.fixture
+def probe_course(tmp_path):
+    root = tmp_path / "probe course"
+    (root / "grader").mkdir(parents=True)
+    (root / "solutions").mkdir()
+    (root / "grader" / "nbgrader_config.py").write_text(PROBE)
+    return root
+
+
+def _probe(run) -> dict:
+    line = next((x for x in run.output.splitlines() if x.startswith("PROBE ")), None)
+    assert line, f"the probe config did not run (exit {run.returncode}):\n{run.output[-2000:]}"
+    return json.loads(line[len("PROBE "):])
+
+
+def _run(root, value, **kw):
+    return nbgrader_run.run_nbgrader(["db", "student", "list"], course_root=root, env_extra={"DTLABS_PROBE": value},
+                                     **kw)
+
+
+def test_each_warm_run_has_its_own_environment_folder_and_path_and_sees_no_earlier_run(probe_course, monkeypatch):
+    monkeypatch.setenv("DTLABS_WARM_NBGRADER", "1")
+    first, second = _run(probe_course, "first"), _run(probe_course, "second")
+    a, b = _probe(first), _probe(second)
+    assert first.returncode == 0 and second.returncode == 0, first.output + second.output
+    assert (a["value"], b["value"]) == ("first", "second")
+    assert a["cwd"] == b["cwd"] == a["path0"] == str(probe_course.resolve())
+    assert a["seen"] == b["seen"] == 0, "a run saw module state an earlier run left"
+    assert a["ppid"] == b["ppid"] != os.getpid(), "the runs were not forked by one warm server"
+    server = psutil.Process(a["ppid"])
+    assert not any("TOKEN" in k for k in server.environ()), "the server carries a process token"
+
+
+def test_a_warm_run_gives_what_a_cold_run_gives(probe_course, monkeypatch):
+    monkeypatch.setenv("DTLABS_WARM_NBGRADER", "1")
+    warm = _run(probe_course, "same")
+    monkeypatch.setenv("DTLABS_WARM_NBGRADER", "0")
+    cold = _run(probe_course, "same")
+    w, c = _probe(warm), _probe(cold)
+    assert c["ppid"] == os.getpid() and w["ppid"] != os.getpid()
+    assert {k: w[k] for k in ("cwd", "value", "path0", "seen")} == {k: c[k] for k in ("cwd", "value", "path0", "seen")}
+    assert warm.returncode == cold.returncode == 0
+    assert [x for x in warm.output.splitlines() if not x.startswith("PROBE")] == \
+        [x for x in cold.output.splitlines() if not x.startswith("PROBE")]
+
+
+def test_a_warm_run_keeps_its_exit_code_and_is_stopped_at_its_time_limit(probe_course, monkeypatch):
+    monkeypatch.setenv("DTLABS_WARM_NBGRADER", "1")
+    failed = _run(probe_course, "fail")
+    assert failed.returncode == 3, failed.output
+    hung = _run(probe_course, "hang", timeout=5)
+    info = _probe(hung)
+    assert hung.timed_out and hung.seconds < 30, hung
+    assert not psutil.pid_exists(info["pid"]) or psutil.Process(info["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_server_ends_with_the_process_that_started_it(probe_course, tmp_path):
+    script = tmp_path / "grade.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os
+        os.environ["DTLABS_WARM_NBGRADER"] = "1"
+        from lab_utils.grading import nbgrader_run
+        run = nbgrader_run.run_nbgrader(["db", "student", "list"], course_root={str(probe_course)!r})
+        print(next(x for x in run.output.splitlines() if x.startswith("PROBE ")), flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("PROBE ")), None)
+    assert line, out.stdout + out.stderr
+    server = json.loads(line[len("PROBE "):])["ppid"]
+    try:
+        psutil.Process(server).wait(timeout=10)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        pytest.fail(f"the warm server {server} outlived the process that started it")
