@@ -177,6 +177,32 @@ def test_a_subject_stopped_by_the_address_space_limit_before_the_watchdog_looks_
     assert "exited with code" not in str(caught.value), caught.value
 
 
+@pytest.mark.parametrize("mode", ["bwrap", "off"])
+def test_a_process_flood_the_watchdog_has_not_yet_seen_is_named_when_the_submission_ends(tmp_path, mode, monkeypatch,
+                                                                                       no_leaked_processes):
+    """The race a loaded machine loses: a cell starts a flood of processes and the grading ends before the watchdog
+    (here slowed to a minute) looks. The last look when the subject stops names the limit all the same."""
+    from lab_utils.grading.boundary import sandbox
+    from lab_utils.grading.boundary.sandbox import Limits
+    from lab_utils.grading.split import proxy
+
+    if mode == "bwrap" and sandbox.mode() != "bwrap":
+        pytest.skip("bubblewrap cannot build a sandbox here")
+    monkeypatch.setenv("DTLABS_SANDBOX", mode)
+    work, report = tmp_path / "work", tmp_path / "sandbox.txt"
+    work.mkdir()
+    session = proxy._Session(work, limits=Limits(max_procs=20, poll_s=60.0), report_path=str(report))
+    try:
+        session.wait_ready(timeout=60)
+        reply = session.request({"op": "run_cell", "source": "import subprocess\n"
+                                 "_flood = [subprocess.Popen(['sleep', '300']) for _ in range(40)]"})
+        assert reply.get("ok"), reply
+    finally:
+        session.stop()
+    assert "process limit" in (report.read_text() if report.exists() else ""), "the flood was not named"
+    assert "process limit" in (session.box.reason or "")  # and no_leaked_processes: every sleep is gone
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_canary_verdict_is_kept_until_something_it_depends_on_changes(course, tmp_path, monkeypatch):

@@ -317,35 +317,42 @@ class Box:
         return processes.tree(self.popen.pid, include_orphans=self.mode == "fallback")
 
     def _watch(self) -> None:
-        import psutil
-
-        me = psutil.Process()
         polls = 0
         while not self._stop.wait(self.limits.poll_s):
             if self.popen.poll() is not None:
                 return
             polls += 1
-            if self.workdir is not None and polls % self.limits.disk_every == 0:
-                used = folder_bytes(self.workdir, stop_at=self.limits.disk_mb << 20)
-                if used > self.limits.disk_mb << 20:
-                    self.kill(f"disk limit: the submission wrote more than {self.limits.disk_mb} MB")
-                    return
-            procs = self.members()
-            if len(procs) > self.limits.max_procs:
-                self.kill(f"process limit: the submission started more than {self.limits.max_procs} processes")
+            if self.check(disk=polls % self.limits.disk_every == 0):
                 return
-            grown = 0
-            if self.caller_baseline is not None:  # the grader holding what the submission sent it
-                grown = max(0, me.memory_info().rss - self.caller_baseline)
-            limit = self.limits.memory_mb << 20
-            # RSS first (cheap); a sum of RSS counts each shared page (libtorch, a framework's shared memory) once per
-            # process that maps it, so over the limit the decision is taken on PSS, where shared pages count once
-            if _memory(procs, "rss") + grown > limit:
-                used = _memory(procs, "pss") + grown
-                if used > limit:
-                    self.kill(f"memory limit: the submission's processes used {used >> 20} MB "
-                              f"(limit {self.limits.memory_mb} MB)")
-                    return
+
+    def check(self, disk: bool = True) -> bool:
+        """Measure the submission against its limits once (``disk``: its folder too); over one, stop it and keep the
+        reason. True if it was stopped. The watchdog calls it every ``poll_s``; the grader once more at the end, so
+        a flood that a loaded machine's watchdog had not yet seen is named as well."""
+        import psutil
+
+        if disk and self.workdir is not None:
+            used = folder_bytes(self.workdir, stop_at=self.limits.disk_mb << 20)
+            if used > self.limits.disk_mb << 20:
+                self.kill(f"disk limit: the submission wrote more than {self.limits.disk_mb} MB")
+                return True
+        procs = self.members()
+        if len(procs) > self.limits.max_procs:
+            self.kill(f"process limit: the submission started more than {self.limits.max_procs} processes")
+            return True
+        grown = 0
+        if self.caller_baseline is not None:  # the grader holding what the submission sent it
+            grown = max(0, psutil.Process().memory_info().rss - self.caller_baseline)
+        limit = self.limits.memory_mb << 20
+        # RSS first (cheap); a sum of RSS counts each shared page (libtorch, a framework's shared memory) once per
+        # process that maps it, so over the limit the decision is taken on PSS, where shared pages count once
+        if _memory(procs, "rss") + grown > limit:
+            used = _memory(procs, "pss") + grown
+            if used > limit:
+                self.kill(f"memory limit: the submission's processes used {used >> 20} MB "
+                          f"(limit {self.limits.memory_mb} MB)")
+                return True
+        return False
 
     def rebase_caller(self) -> None:
         """Count the starting process's growth from now (after its own start-up imports)."""

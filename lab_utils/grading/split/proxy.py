@@ -243,6 +243,9 @@ class _Session:
         return reply.get("value")
 
     def stop(self) -> None:
+        if not self.gone_reason and self.box.popen.poll() is None and self.box.check():
+            self.gone_reason = self.box.reason  # over a limit since the watchdog's last look: named all the same
+            self._report(self.gone_reason)
         try:
             wire.write_frame(self.sock.fileno(), pickle.dumps({"op": "stop"}))
         except OSError:
