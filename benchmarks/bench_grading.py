@@ -6,12 +6,15 @@ Three measurements in one run, on scratch courses (a copy of solutions/; nothing
    the sandbox (nbgrader's own Execute in the kernel, all submissions of a lab in one nbgrader run);
 2. sandboxed: the same student through `dtlabs grade` (a sandbox and scratch course per submission), and the
    ratio to the baseline (target: at most 1.2);
-3. `--jobs 1` against `--jobs 2` for STUDENTS students (default 2), and the speed-up.
+3. `--jobs 1` against `--jobs 2` for STUDENTS students (default 2), and the speed-up;
+4. STUDENTS students graded with every nbgrader run started cold (`python -m nbgrader`) against forked from the warm
+   server (`c.DTLabs.warm_nbgrader`, started afresh for the measurement): the machine's CPU-seconds (from /proc/stat,
+   so run it on an idle machine) per submission, and the ratio.
 
 Before them, each lab's canary (its solution and empty release, graded once per machine and environment, then kept)
 is graded and timed on its own: it is what the first `dtlabs grade` of a lab pays, never a submission's cost.
 
-    .venv/bin/python benchmarks/bench_grading.py [LAB ...] [--students N] [--skip-jobs]
+    .venv/bin/python benchmarks/bench_grading.py [LAB ...] [--students N] [--skip-jobs] [--skip-warm]
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from pathlib import Path
 import nbformat
 
 from lab_utils import grading
-from lab_utils.grading import canary
+from lab_utils.grading import canary, nbgrader_run
 
 TARGET_RATIO = 1.2
 
@@ -73,11 +76,40 @@ def sandboxed(labs, students, jobs) -> tuple[float, str]:
         return took, " ".join(_points(root, labs, s) for s in students)
 
 
+def _busy_cpu_s() -> float:
+    """CPU-seconds every process of the machine has used so far (Linux /proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = list(map(int, f.readline().split()[1:]))
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def warm_vs_cold(labs, students) -> dict:
+    """Machine CPU-seconds per submission with nbgrader started cold and warm (a fresh server), one job at a time."""
+    out = {}
+    for mode in ("cold", "warm"):
+        nbgrader_run.stop_warm_server()
+        os.environ["DTLABS_WARM_NBGRADER"] = "1" if mode == "warm" else "0"
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"dtlabs-bench-{mode}-") as tmp:
+                root = Path(tmp)
+                _course(root, labs, students)
+                canary_out = [canary.check(root, lab, out=lambda s: None) for lab in labs]  # kept from above
+                assert all(v.ok for v in canary_out)
+                cpu, start = _busy_cpu_s(), time.monotonic()
+                grading.grade(labs, course_root=root, jobs=1, feedback=False, out=lambda s: None, progress=False)
+                out[mode] = ((_busy_cpu_s() - cpu) / (len(labs) * len(students)), time.monotonic() - start,
+                             " ".join(_points(root, labs, s) for s in students))
+        finally:
+            os.environ.pop("DTLABS_WARM_NBGRADER", None)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("labs", nargs="*", help="labs to grade (default: every lab in solutions/)")
     ap.add_argument("--students", type=int, default=2, help="students for the --jobs comparison (default 2)")
     ap.add_argument("--skip-jobs", action="store_true", help="only the baseline and one sandboxed student")
+    ap.add_argument("--skip-warm", action="store_true", help="leave out the cold/warm nbgrader comparison")
     args = ap.parse_args(argv)
     labs = args.labs or grading.discover_labs()
     print(f"labs: {' '.join(labs)}", flush=True)
@@ -101,6 +133,12 @@ def main(argv=None) -> int:
         j2, pts = sandboxed(labs, students, jobs=2)
         print(f"{len(students)} students: --jobs 1 {j1:.0f} s, --jobs 2 {j2:.0f} s ({pts})")
         print(f"  speed-up of --jobs 2 = {j1 / j2:.2f}x on {os.cpu_count()} cores")
+    if not args.skip_warm:
+        students = [f"w{i}" for i in range(args.students)]
+        res = warm_vs_cold(labs, students)
+        for mode, (cpu, wall, pts) in res.items():
+            print(f"{len(students)} students, nbgrader {mode}: {cpu:.2f} CPU-s per submission, {wall:.0f} s ({pts})")
+        print(f"  warm / cold CPU per submission = {res['warm'][0] / res['cold'][0]:.2f}")
     return 0
 
 

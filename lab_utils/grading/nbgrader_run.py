@@ -267,6 +267,16 @@ _SERVER: _Server | None = None
 _SERVER_LOCK = threading.Lock()
 
 
+def stop_warm_server() -> None:
+    """Stop this process's warm server, if any (the next run starts a fresh one); runs in flight are stopped too."""
+    global _SERVER
+    with _SERVER_LOCK:
+        if _SERVER is not None:
+            _SERVER.stop()
+            _SERVER.proc.wait()
+            _SERVER = None
+
+
 def _warm_run(args, env: dict, cwd: str) -> WarmRun | None:
     """``nbgrader ARGS`` forked by this process's warm server (started on first use), or None: warm start is off, or
     the server cannot run (the caller then starts nbgrader cold)."""
