@@ -118,6 +118,21 @@ class ForkedChild:
         return self.returncode
 
 
+def reap_children() -> list[tuple[int, int]]:
+    """Every child of this process that has ended, reaped now without waiting: (pid, exit code as ``Popen`` gives it,
+    negative for a signal). For fork servers, which learn of their children's ends from SIGCHLD."""
+    ended = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        ended.append((pid, os.waitstatus_to_exitcode(status)))
+    return ended
+
+
 def pump_lines(fd: int, on_line, on_eof=None) -> threading.Thread:
     """A daemon thread that reads ``fd`` to EOF, calling ``on_line(text)`` per line (and a last partial one),
     then ``on_eof()``."""

@@ -352,15 +352,9 @@ def serve(fd: int) -> None:
                     os.read(wake_r, 4096)
                 except BlockingIOError:
                     pass
-                while True:
-                    try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if pid == 0:
-                        break
+                for pid, code in processes.reap_children():
                     running.discard(pid)
-                    sock.send(json.dumps({"pid": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+                    sock.send(json.dumps({"pid": pid, "code": code}).encode())
 
 
 def _run_forked(request: dict, out_fd: int, close_fds) -> None:

@@ -215,18 +215,11 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
             # Reap exited ranks and report their status (the launcher cannot waitpid on our children).
             # Adopted orphans are reaped here too, silently.
             rank_ended = False
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
+            for pid, code in processes.reap_children():
                 if pid not in children:
                     continue
                 children.discard(pid)
                 rank_ended = True
-                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
                 wire.send_json(sock, {"op": "exit", "pid": pid, "status": code})
             if rank_ended:
                 _kill_orphans(children)
