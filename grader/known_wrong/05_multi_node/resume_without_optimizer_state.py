@@ -1,6 +1,7 @@
 # replaces: train
 # loses: test_train_restart
 # mistake: saves and restores the weights, step and RNG but not the optimizer: AdamW's moments restart from zero
+# nightly: another resuming mistake; its grading re-runs the restarted torchrun job (about 6 s on an idle machine); resume_restarts_data_stream and rank0_rng_for_every_rank prove test_train_restart on every push
 def train(cfg):
     """Train make_model data-parallel for cfg["steps"] steps; resume from cfg["ckpt_path"]; return final weights.
 

@@ -1,6 +1,7 @@
 # replaces: train
 # loses: test_train_restart
 # mistake: does not save or restore the RNG state: after the restart every rank draws the dropout masks of step 0 again
+# nightly: another resuming mistake; its grading re-runs the restarted torchrun job (about 6 s on an idle machine); resume_restarts_data_stream and rank0_rng_for_every_rank prove test_train_restart on every push
 def train(cfg):
     """Train make_model data-parallel for cfg["steps"] steps; resume from cfg["ckpt_path"]; return final weights.
 
