@@ -8,8 +8,8 @@ Three measurements in one run, on scratch courses (a copy of solutions/; nothing
    ratio to the baseline (target: at most 1.2);
 3. `--jobs 1` against `--jobs 2` for STUDENTS students (default 2), and the speed-up;
 4. STUDENTS students graded with every nbgrader run started cold (`python -m nbgrader`) against forked from the warm
-   server (`c.DTLabs.warm_nbgrader`, started afresh for the measurement): the machine's CPU-seconds (from /proc/stat,
-   so run it on an idle machine) per submission, and the ratio.
+   server (`c.DTLabs.warm_nbgrader`, started afresh for the measurement): the machine's CPU-seconds (psutil's
+   system-wide times, so run it on an idle machine) per submission, and the ratio.
 
 Before them, each lab's canary (its solution and empty release, graded once per machine and environment, then kept)
 is graded and timed on its own: it is what the first `dtlabs grade` of a lab pays, never a submission's cost.
@@ -77,10 +77,11 @@ def sandboxed(labs, students, jobs) -> tuple[float, str]:
 
 
 def _busy_cpu_s() -> float:
-    """CPU-seconds every process of the machine has used so far (Linux /proc/stat)."""
-    with open("/proc/stat") as f:
-        ticks = list(map(int, f.readline().split()[1:]))
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    """CPU-seconds every process of the machine has used so far: all CPU time but idle and I/O wait."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
 
 
 def warm_vs_cold(labs, students) -> dict:
