@@ -12,10 +12,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
 
+from lab_utils import processes
 from lab_utils.grading import nbgrader_run
 
 PROBE = '''
@@ -45,6 +47,13 @@ def _probe(run) -> dict:
     line = next((x for x in run.output.splitlines() if x.startswith("PROBE ")), None)
     assert line, f"the probe config did not run (exit {run.returncode}):\n{run.output[-2000:]}"
     return json.loads(line[len("PROBE "):])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _run(root, value, **kw):
@@ -85,7 +94,7 @@ def test_a_warm_run_keeps_its_exit_code_and_is_stopped_at_its_time_limit(probe_c
     hung = _run(probe_course, "hang", timeout=5)
     info = _probe(hung)
     assert hung.timed_out and hung.seconds < 30, hung
-    assert not psutil.pid_exists(info["pid"]) or psutil.Process(info["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert not _alive(info["pid"])
 
 
 def test_the_server_ends_with_the_process_that_started_it(probe_course, tmp_path):
@@ -107,3 +116,36 @@ def test_the_server_ends_with_the_process_that_started_it(probe_course, tmp_path
         pass
     except psutil.TimeoutExpired:
         pytest.fail(f"the warm server {server} outlived the process that started it")
+
+
+def test_a_run_dies_with_a_server_killed_before_it_reported_the_run(probe_course):
+    """The server forks a run and is killed before the caller reads the run's pid: the caller then starts the run cold,
+    so the forked one must not go on grading beside it."""
+    import socket
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen(nbgrader_run.server_command(theirs.fileno()), pass_fds=[theirs.fileno()], cwd="/",
+                              stdin=subprocess.DEVNULL)
+    theirs.close()
+    env = {**nbgrader_run.nbgrader_env(probe_course), "DTLABS_PROBE": "hang"}
+    r, w = os.pipe()
+    run = None
+    try:
+        request = json.dumps({"args": ["db", "student", "list"], "env": env, "cwd": str(probe_course)})
+        socket.send_fds(mine, [b'{"id": 1}\n' + request.encode()], [w])
+        os.close(w)
+        with os.fdopen(r, "r", errors="replace") as out:
+            line = next((x for x in out if x.startswith("PROBE ")), None)  # the run is up, hanging in its config
+            assert line, "the forked run printed nothing"
+            run = json.loads(line[len("PROBE "):])["pid"]
+            server.kill()  # the caller has not read the run's pid
+            server.wait()
+            deadline = time.monotonic() + 10
+            while _alive(run):
+                assert time.monotonic() < deadline, f"run {run} outlived its server by 10 s"
+                time.sleep(0.1)
+    finally:
+        mine.close()
+        server.kill()
+        if run is not None:
+            processes.killpg_quiet(run)  # the run leads its own session

@@ -195,6 +195,13 @@ class WarmRun:
         return self.returncode
 
 
+def server_command(fd: int) -> list[str]:
+    """The warm server's command line, serving on the inherited socket ``fd``: ``-P``, so the folder it starts in
+    puts nothing before ``sys.path``."""
+    return [sys.executable, "-P", "-c", "import sys; from lab_utils.grading.nbgrader_run import serve; "
+            "serve(int(sys.argv[1]))", str(fd)]
+
+
 class _Server:
     """This process's warm nbgrader server: a child on a private socket pair, ended when this process ends (its end of
     the pair closes). Its environment carries no process token: it belongs to no run, and is nobody's leftover."""
@@ -204,10 +211,11 @@ class _Server:
         env = {k: v for k, v in os.environ.items() if "TOKEN" not in k}
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-c", "import sys; from lab_utils.grading.nbgrader_run import serve; "
-                 "serve(int(sys.argv[1]))", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                server_command(theirs.fileno()), pass_fds=[theirs.fileno()], cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            mine.close()
+            raise
         finally:
             theirs.close()
         self.sock, self.lock, self.changed = mine, threading.Lock(), threading.Condition()
@@ -338,11 +346,12 @@ def serve(fd: int) -> None:
                     os._exit(0)
                 head, _, body = data.partition(b"\n")
                 rid = json.loads(head)["id"]
+                server = os.getpid()
                 pid = os.fork()
                 if pid == 0:
                     sel.close()
                     sock.close()
-                    _run_forked(json.loads(body), fds[0], (wake_r, wake_w))
+                    _run_forked(json.loads(body), fds[0], (wake_r, wake_w), server)
                 for f in fds:
                     os.close(f)
                 running.add(pid)
@@ -357,8 +366,10 @@ def serve(fd: int) -> None:
                     sock.send(json.dumps({"pid": pid, "code": code}).encode())
 
 
-def _run_forked(request: dict, out_fd: int, close_fds) -> None:
-    """In the forked child: become ``python -m nbgrader ARGS`` in the run's folder and environment; never returns."""
+def _run_forked(request: dict, out_fd: int, close_fds, server: int) -> None:
+    """In the forked child: become ``python -m nbgrader ARGS`` in the run's folder and environment; never returns.
+    It dies with the server: one killed before it could report this run's pid leaves the caller to start the run cold,
+    and the two must not grade the same submission side by side."""
     import atexit
     import signal
     import tempfile
@@ -366,6 +377,7 @@ def _run_forked(request: dict, out_fd: int, close_fds) -> None:
 
     code = 1
     try:
+        processes.die_with_parent(server)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for f in close_fds:
