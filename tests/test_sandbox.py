@@ -117,3 +117,18 @@ def test_requiring_bubblewrap_where_it_cannot_run_says_why(monkeypatch):
     with pytest.raises(sandbox.SandboxUnavailable, match="bwrap is not installed"):
         sandbox.require("bwrap")
     sandbox.require(None)
+
+
+@pytest.mark.parametrize("env", [{}, {"XDG_CACHE_HOME": "xdg cache"}, {"MPLCONFIGDIR": "mpl config"}])
+def test_the_font_cache_copied_in_is_the_one_matplotlib_uses(env, tmp_path, monkeypatch):
+    """The grader finds matplotlib's cache folder without importing matplotlib; a fresh interpreter's
+    ``matplotlib.get_cachedir()`` must name the same folder, or every submission rebuilds the font cache."""
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for key, sub in env.items():
+        (tmp_path / sub).mkdir()
+        monkeypatch.setenv(key, str(tmp_path / sub))
+    matplotlib_says = subprocess.run([sys.executable, "-c", "import matplotlib; print(matplotlib.get_cachedir())"],
+                                     capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(matplotlib_says).resolve() == sandbox._matplotlib_cache().resolve()
