@@ -26,6 +26,9 @@ print("PROBE " + json.dumps({"cwd": os.getcwd(), "value": os.environ.get("DTLABS
                              "seen": getattr(json, "_dtlabs_probe_seen", 0), "pid": os.getpid(),
                              "ppid": os.getppid()}), flush=True)
 json._dtlabs_probe_seen = getattr(json, "_dtlabs_probe_seen", 0) + 1   # state a later run must not see
+if os.environ.get("DTLABS_PROBE") == "gradebook":
+    import nbgrader.api
+    print("ALEMBIC " + nbgrader.api.get_alembic_version.__qualname__, flush=True)
 if os.environ.get("DTLABS_PROBE") == "hang":
     import time
     time.sleep(120)
@@ -72,6 +75,33 @@ def test_each_warm_run_has_its_own_environment_folder_and_path_and_sees_no_earli
     assert a["ppid"] == b["ppid"] != os.getpid(), "the runs were not forked by one warm server"
     server = psutil.Process(a["ppid"])
     assert not any("TOKEN" in k for k in server.environ()), "the server carries a process token"
+
+
+def test_a_new_gradebook_is_stamped_as_nbgrader_stamps_it_without_an_alembic_process(tmp_path, monkeypatch):
+    """nbgrader stamps a new gradebook with the head ``alembic heads`` prints (a process per gradebook); runs forked
+    from the server get the same head from alembic's API, found once."""
+    import sqlite3
+
+    from nbgrader.api import get_alembic_version
+
+    monkeypatch.setenv("PATH", os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    head = get_alembic_version()  # nbgrader's own: the `alembic heads` process
+    assert nbgrader_run.alembic_head() == head
+    stamped = {}
+    for warm in ("1", "0"):
+        root = tmp_path / f"course {warm}"
+        (root / "grader").mkdir(parents=True)
+        (root / "solutions").mkdir()
+        (root / "grader" / "nbgrader_config.py").write_text(PROBE)
+        monkeypatch.setenv("DTLABS_WARM_NBGRADER", warm)
+        run = _run(root, "gradebook")
+        assert run.returncode == 0, run.output[-2000:]
+        asked = next(x for x in run.output.splitlines() if x.startswith("ALEMBIC "))
+        assert ("_alembic_head_once" in asked) == (warm == "1"), asked
+        db = next(root.rglob("gradebook.db"))
+        with sqlite3.connect(db) as con:
+            stamped[warm] = con.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert stamped["1"] == stamped["0"] == [(head,)]
 
 
 def test_a_warm_run_gives_what_a_cold_run_gives(probe_course, monkeypatch):

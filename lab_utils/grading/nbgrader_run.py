@@ -311,6 +311,28 @@ def _warm_run(args, env: dict, cwd: str) -> WarmRun | None:
     return WarmRun(server, pid, open(r, "r", errors="replace"))
 
 
+def alembic_head() -> str:
+    """The schema revision nbgrader stamps a new gradebook with, from alembic's API: what ``alembic heads`` prints
+    first, which nbgrader's ``get_alembic_version`` runs as a process (1.3 CPU-s) for every gradebook it creates."""
+    from alembic.script import ScriptDirectory
+    from nbgrader.dbutil import ALEMBIC_DIR
+
+    return ScriptDirectory(ALEMBIC_DIR).get_current_head()
+
+
+def _alembic_head_once() -> None:
+    """Runs forked from the server create gradebooks (a new course's first ``generate_assignment``) with the head the
+    server found once, instead of an ``alembic`` process each; where nbgrader's hook is missing, it is left alone."""
+    try:
+        import nbgrader.api
+
+        if callable(getattr(nbgrader.api, "get_alembic_version", None)):
+            head = alembic_head()
+            nbgrader.api.get_alembic_version = lambda: head
+    except Exception:  # noqa: BLE001 - a run then asks alembic itself, as nbgrader does
+        pass
+
+
 def serve(fd: int) -> None:
     """The warm server (``_Server`` starts it): import ``_PRELOAD``, then fork a run for each request on ``fd`` and
     report its pid and, when it ends, its exit code. Ends, stopping its runs, when the other end closes."""
@@ -323,6 +345,7 @@ def serve(fd: int) -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a run imports it again and reports what is wrong
             pass
+    _alembic_head_once()
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
