@@ -200,8 +200,23 @@ def test_auto_falls_back_to_gloo_with_too_few_gpus(capsys):
 
 
 # ------------------------------------------------------------------------------------------ failures that teach
-def test_a_gloo_size_mismatch_names_the_call_and_the_sizes_without_a_dump(capsys):
-    """A ring with its neighbours swapped, on 3 ranks: gloo aborts the process from a C++ thread."""
+@pytest.mark.parametrize("reader", ["prompt", "late"])
+def test_a_gloo_size_mismatch_names_the_call_and_the_sizes_without_a_dump(reader, capsys, monkeypatch):
+    """A ring with its neighbours swapped, on 3 ranks: gloo aborts the process from a C++ thread. ``late``: the
+    launcher reads the ranks' stderr slowly, as on a loaded machine, so the aborted rank's exit status arrives
+    before its last words; the error must still be built from them."""
+    if reader == "late":
+        from lab_utils import processes
+
+        real = processes.pump_lines
+
+        def late_lines(fd, on_line, on_eof=None):
+            def late(text):
+                time.sleep(0.02)
+                on_line(text)
+            return real(fd, late, on_eof)
+
+        monkeypatch.setattr(processes, "pump_lines", late_lines)
 
     def swapped_ring():
         import torch

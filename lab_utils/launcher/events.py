@@ -65,6 +65,7 @@ class Rank:
     stderr_tail: list = field(default_factory=list)
     crashing: bool = False  # its stderr turned into a C++/faulthandler crash dump: summarised, not streamed
     cell_ends: set = field(default_factory=set)  # the streams on which this cell's output has ended (worker.CELL_END)
+    closed: set = field(default_factory=set)  # the streams that reached end of file (all it wrote has been read)
 
 
 # ------------------------------------------------------------------------------------------------ readers

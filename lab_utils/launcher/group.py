@@ -19,7 +19,7 @@ import time
 from lab_utils import processes
 from lab_utils.launcher import diagnostics, wire
 from lab_utils.launcher.backend import MAX_LOCAL_WORLD_SIZE, choose_backend, loopback_ifname, threads_per_rank
-from lab_utils.launcher.events import STDERR_TAIL_LINES, Exit, Line, Rank, RankState, Result, start_readers
+from lab_utils.launcher.events import STDERR_TAIL_LINES, Eof, Exit, Line, Rank, RankState, Result, start_readers
 from lab_utils.launcher.worker import CELL_END
 
 MASTER_ADDR = "127.0.0.1"
@@ -218,8 +218,10 @@ class RankGroup:
             now = time.monotonic()
             if failed:
                 first_failure = first_failure or now
-                # A rank that died without a result is the likeliest root cause: wait for its exit status.
-                codes_known = all(rk.exit_code is not None for rk in targets if rk.state is RankState.EXITED)
+                # A rank that died without a result is the likeliest root cause: wait for its exit status, and
+                # for its stderr to reach end of file (its C++ message and stack may still be in the pipe).
+                codes_known = all(rk.exit_code is not None and "stderr" in rk.closed
+                                  for rk in targets if rk.state is RankState.EXITED)
                 settled = all(rk.state is not RankState.RUNNING for rk in targets) and codes_known
                 waited = now - first_failure
                 if settled or (waited > FAILURE_GRACE_S and codes_known) or waited > EXIT_STATUS_WAIT_S:
@@ -300,6 +302,8 @@ class RankGroup:
                 rk.state, rk.value = RankState.OK, value
             else:
                 rk.state, rk.error = RankState.ERROR, value
+        elif isinstance(ev, Eof):
+            rk.closed.add(ev.stream)
         elif isinstance(ev, Exit):
             rk.exit_code = ev.status
             if rk.state is RankState.RUNNING:
