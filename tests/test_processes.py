@@ -33,9 +33,9 @@ def family():
         assert proc.stdout.readline().strip() == "ready"
         yield proc
     finally:
-        processes.killpg_quiet(proc.pid)
-        for p in psutil.Process().children(recursive=True):
-            p.kill()
+        # the family alone: the worker's other children (a warm server, another test's processes) are not ours to
+        # kill, and one of them may exit between a listing and a kill
+        processes.kill_procs(processes.tree(proc.pid))
         proc.wait()
 
 
