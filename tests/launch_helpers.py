@@ -15,7 +15,8 @@ def all_reduce_rank_plus_one(n=4):
     import torch
     import torch.distributed as dist
 
-    t = torch.full((n,), float(dist.get_rank() + 1))
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # the launcher's own choice, as the labs do
+    t = torch.full((n,), float(dist.get_rank() + 1), device=device)
     dist.all_reduce(t)
     return t
 

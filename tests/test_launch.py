@@ -189,6 +189,30 @@ def test_auto_picks_nccl_with_one_gpu_per_rank():
     assert not torch.cuda.is_initialized()
 
 
+def _cuda_seen():
+    import os
+
+    import torch
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+
+
+def test_cpu_ranks_see_no_gpu():
+    """gloo and relay ranks are CPU ranks: torch code that asks for CUDA (FSDP2's default mesh, PowerSGD) stays on
+    the CPU instead of picking a device per LOCAL_RANK that may not exist."""
+    assert launch(_cuda_seen, world_size=2, backend="gloo", quiet=True) == [("", False)] * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
+def test_nccl_at_world_size_equal_to_the_gpu_count():
+    n = torch.cuda.device_count()
+    assert choose_backend(n).backend == "nccl"
+    out = launch(h.all_reduce_rank_plus_one, world_size=n, quiet=True)
+    assert [t.tolist() for t in out] == [[float(n * (n + 1) // 2)] * 4] * n
+    assert not torch.cuda.is_initialized()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly 1 CUDA GPU")
 def test_auto_falls_back_to_gloo_with_too_few_gpus(capsys):

@@ -130,3 +130,32 @@ def test_twenty_launches_from_five_notebooks_at_once_without_port_clashes(tmp_pa
     failures = [out for code, out in outputs if code != 0 or out.count(ok) != LAUNCHES_EACH]
     assert not failures, f"{len(failures)} of {NOTEBOOKS} launching processes failed; first:\n{failures[0][-3000:]}"
     assert not h.wait_gone(descendants, timeout=10), "processes survived after the launching processes exited"
+
+
+SLOW_WARMUP = textwrap.dedent(
+    """
+    import sys
+    import launch_helpers as h
+    from lab_utils import RankFailedError, launch
+    from lab_utils.launcher import zygote
+    # a zygote that spends seconds in each warm import, as a CUDA build of torch does in torch._dynamo; it answers
+    # the launcher only between two imports
+    zygote.WARM_IMPORTS[:] = ["slow_warm_import_1", "slow_warm_import_2", "slow_warm_import_3"]
+    zygote.fork_zygote()
+    try:
+        launch(h.rank1_killed, world_size=2, timeout=60, quiet=True)
+    except RankFailedError as exc:
+        print(str(exc).splitlines()[0], flush=True)
+    """
+)
+
+
+def test_a_rank_killed_while_the_zygote_warms_up_is_still_named_by_its_signal(tmp_path):
+    """The exit status of a rank reaches the launcher only when the zygote is between two warm imports: the
+    launcher waits for it rather than reporting 'exited with code None'."""
+    for i in (1, 2, 3):
+        (tmp_path / f"slow_warm_import_{i}.py").write_text("import time\ntime.sleep(4)\n")
+    path = os.pathsep.join([str(TESTS), str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", SLOW_WARMUP], cwd=TESTS, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": path, "DTLABS_WARM_IMPORTS": "1"})
+    assert "rank 1 was killed by SIGKILL" in out.stdout, out.stdout + out.stderr

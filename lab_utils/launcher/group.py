@@ -24,7 +24,10 @@ from lab_utils.launcher.worker import CELL_END
 
 MASTER_ADDR = "127.0.0.1"
 FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the root cause (a signal death) to surface
-EXIT_STATUS_WAIT_S = 3.0  # ... and at most this long for a dead rank's exit status from the zygote
+EXIT_STATUS_WAIT_S = 3.0  # ... and at most this long for a dead rank's exit status from a warm zygote
+# A zygote still importing WARM_IMPORTS reports exits only between two imports (torch._dynamo alone takes seconds with
+# a CUDA build of torch): its exit statuses are waited for this long at most
+EXIT_STATUS_BUSY_WAIT_S = 60.0
 STACK_DUMP_WAIT_S = 1.5
 FORK_WAIT_S = 120.0
 
@@ -46,9 +49,16 @@ def validate(fn, world_size, timeout) -> None:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
 
 
-def rank_env(rank, world_size, port, threads) -> dict:
-    """torchrun's variables, so code written for torchrun runs unchanged on our ranks."""
+def rank_env(rank, world_size, port, threads, backend="gloo") -> dict:
+    """torchrun's variables, so code written for torchrun runs unchanged on our ranks.
+
+    Ranks of a CPU backend (gloo, the relay) see no GPU: torch code that asks ``torch.cuda.is_available()`` would
+    otherwise put CPU ranks on CUDA devices (FSDP2's default mesh calls ``set_device(LOCAL_RANK)`` past the last GPU;
+    PowerSGD synchronises a CUDA device for CPU tensors).
+    """
     env = dict(os.environ)
+    if backend != "nccl":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
         GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR=MASTER_ADDR,
@@ -101,10 +111,11 @@ class RankGroup:
 
         with zygote.lock:
             z = zygote.get_zygote()
+            self.zygote_warm = z.warm
             z.events = self.events
             try:
-                self._start(z, lambda r: {**job, "rank": r, "env": {**rank_env(r, world_size, self.store.port, threads),
-                                                                  **(env or {})}})
+                self._start(z, lambda r: {**job, "rank": r, "env": {
+                    **rank_env(r, world_size, self.store.port, threads, self.backend), **(env or {})}})
             finally:
                 z.events = None
 
@@ -198,7 +209,7 @@ class RankGroup:
         targets = self.ranks if targets is None else targets
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        first_failure = None
+        first_failure = status_wait_from = None
         while True:
             try:
                 ev = self.events.get(timeout=0.05)
@@ -218,13 +229,17 @@ class RankGroup:
             now = time.monotonic()
             if failed:
                 first_failure = first_failure or now
+                status_wait_from = status_wait_from or now
                 # A rank that died without a result is the likeliest root cause: wait for its exit status, and
                 # for its stderr to reach end of file (its C++ message and stack may still be in the pipe).
                 codes_known = all(rk.exit_code is not None and "stderr" in rk.closed
                                   for rk in targets if rk.state is RankState.EXITED)
                 settled = all(rk.state is not RankState.RUNNING for rk in targets) and codes_known
                 waited = now - first_failure
-                if settled or (waited > FAILURE_GRACE_S and codes_known) or waited > EXIT_STATUS_WAIT_S:
+                if not self.zygote_warm.is_set():  # the wait for exit statuses starts once the zygote listens
+                    status_wait_from = now
+                gave_up = now - status_wait_from > EXIT_STATUS_WAIT_S or waited > EXIT_STATUS_BUSY_WAIT_S
+                if settled or (waited > FAILURE_GRACE_S and codes_known) or gave_up:
                     raise diagnostics.failure_error(targets)
             if deadline is not None and now > deadline:
                 stuck = [rk for rk in targets if rk.state is RankState.RUNNING]
