@@ -34,7 +34,8 @@ def _doctor(args) -> int:
         return code
     from lab_utils.grading import canary
 
-    return max(code, canary.doctor(args.grading or None, course_root=args.course_root, cell_timeout=args.timeout))
+    return max(code, canary.doctor(args.grading or None, course_root=args.course_root, cell_timeout=args.timeout,
+                                   fix=args.fix))
 
 
 def _settings(args) -> int:
@@ -67,9 +68,20 @@ def _validate(args) -> int:
     return grading.validate(args.notebook, cell_timeout=args.timeout)
 
 
+UNPROTECTED_HELP = ("grade where no boundary can be built (no bubblewrap, not root): submissions then run as you, "
+                    "and every grade says it was taken without a boundary")
+
+
+def _unprotected(args) -> None:
+    """``--unprotected``: the instructor's choice by name, for this command and every process it starts."""
+    if getattr(args, "unprotected", False):
+        os.environ["DTLABS_SANDBOX"] = "unprotected"
+
+
 def _grade(args) -> int:
     from lab_utils import grading
 
+    _unprotected(args)
     return grading.grade(
         args.labs or None,
         submissions_dir=args.submissions,
@@ -103,6 +115,7 @@ def _grade_one(args) -> int:
     from lab_utils import grading
     from lab_utils.grading import jobarray
 
+    _unprotected(args)
     if (args.student is None) == (args.task is None):
         print("grade-one: give a STUDENT or --task N (line N of the roster), not both", file=sys.stderr)
         return 2
@@ -184,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show the sandbox (mode, folders) and grade each LAB's solution and empty release here, "
                         "as a class would be graded (default: every lab of the course)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds for --grading (default 180)")
+    s.add_argument("--fix", action="store_true", help="with --grading, as root: create the separate user submissions "
+                                                      "run as where bubblewrap cannot, and close the course to it")
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_doctor)
 
@@ -214,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="regrade every submission, changed or not")
     s.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     s.add_argument("--csv", metavar="PATH", help="grades CSV (default grader/work/grades.csv)")
+    s.add_argument("--unprotected", action="store_true", help=UNPROTECTED_HELP)
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_grade)
 
@@ -228,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("lab", metavar="LAB")
     s.add_argument("student", metavar="STUDENT", nargs="?", help="the student (or --task N)")
     s.add_argument("--task", type=int, default=None, metavar="N", help="grade line N of the roster (an array task id)")
+    s.add_argument("--unprotected", action="store_true", help=UNPROTECTED_HELP)
     s.add_argument("--out", required=True, metavar="DIR", help="results folder (then: dtlabs merge DIR)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--submission-timeout", type=float, default=None,

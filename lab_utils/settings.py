@@ -54,10 +54,16 @@ class DTLabs(Configurable):
         2048, help="Disk one submission may fill while it is graded: its folder, and its private /tmp (memory-backed)."
     ).tag(config=True, env="DTLABS_DISK_MB")
     sandbox = Enum(
-        ["auto", "bwrap", "off"], "auto",
-        help="auto: grade in bubblewrap where it can build a sandbox here, else in the fallback with a warning; "
-             "bwrap: refuse to grade without bubblewrap; off: always the fallback (tests of the fallback)."
+        ["auto", "bwrap", "user", "unprotected", "off"], "auto",
+        help="Where a submission's code runs. auto: bubblewrap where it can build a sandbox here, else (as root) the "
+             "separate user c.DTLabs.subject_user, else refuse with the reason; bwrap or user: that boundary or "
+             "refuse; unprotected (or off): as the grader's own user, with limits and the course guard only, and "
+             "every grade says it was taken without a boundary (`dtlabs grade --unprotected`)."
     ).tag(config=True, env="DTLABS_SANDBOX")
+    subject_user = Unicode(
+        "dtlabs-subject", help="The unprivileged user a submission runs as where bubblewrap cannot run and the "
+                               "grader is root (Gradescope, Docker). `dtlabs doctor --grading --fix` creates it."
+    ).tag(config=True, env="DTLABS_SUBJECT_USER")
 
     warm_nbgrader = Bool(
         True, help="Fork each nbgrader run from a server that has imported nbgrader once (about a CPU-second saved "

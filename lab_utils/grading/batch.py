@@ -25,7 +25,7 @@ from pathlib import Path
 from lab_utils.grading import canary, gradebook, outcomes
 from lab_utils.grading.boundary import sandbox
 from lab_utils.grading.course import WORK, discover_labs, find_course_root, submissions
-from lab_utils.grading.boundary.guard import Guard, GuardError
+from lab_utils.grading.boundary.guard import Guard, GuardError, startup_watch
 from lab_utils.grading.nbgrader_run import run_nbgrader
 from lab_utils.grading.boundary.files import copy_submission
 from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, Result, grade_submission
@@ -131,28 +131,40 @@ class _Batch:
         """Grade ``todo`` ((lab, student, digest, template) each), ``jobs`` at a time. Stops taking new ones at the
         first environment fault and returns the ones it did not grade (the fault's first), else []."""
         left: list = []
-        with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
-            futures = {pool.submit(grade_submission, self.course_root, lab, student, tdir, **grading): item
-                       for item in todo for lab, student, _digest, tdir in [item]}
-            for fut in as_completed(futures):
-                lab, student, digest, _tdir = item = futures[fut]
-                if fut.cancelled():
-                    continue
+        # With a guard, the next submission starts only once the last one's changes are put back (``record``): a
+        # pool would start it while this thread still restores, and it would run with what the last one left.
+        jobs = 1 if self.guard is not None else max(1, int(jobs))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            pending = list(todo)
+            futures = {}
+
+            def submit_next():
+                if pending:
+                    item = pending.pop(0)
+                    lab, student, _digest, tdir = item
+                    futures[pool.submit(grade_submission, self.course_root, lab, student, tdir, **grading)] = item
+
+            for _ in range(jobs):
+                submit_next()
+            while futures:
+                fut = next(as_completed(futures))
+                lab, student, digest, _tdir = item = futures.pop(fut)
                 try:
                     res, failure = fut.result(), None
                 except Exception as exc:  # noqa: BLE001 - one broken submission never stops the batch
                     res, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
                 if res is not None and res.environment and not left:
-                    # not the student's fault: nothing more starts until the canary passes again
+                    # not the student's fault: nothing more starts until the canary passes again; the ones still
+                    # running finish and are recorded
                     left.append(item)
                     self.scratch_dirs.append(res.scratch)
                     self._guard()
                     self.out(f"   NOT YET GRADED: {student}/{lab} ({'; '.join(res.environment)})")
-                    for other, pending in futures.items():
-                        if other.cancel():
-                            left.append(pending)
+                    left += pending
+                    pending.clear()
                     continue
                 self.record(lab, student, digest, res, failure)
+                submit_next()
         return left
 
 
@@ -189,15 +201,17 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     if not labs:
         return 2
     try:
-        sandbox.require(None)  # the environment's setting; a course config's "bwrap" applies in its grader kernels
+        # the environment's setting (a course config's choice applies in its grader kernels); as a separate user,
+        # checked as that user: the course's answers and gradebooks unreadable, the venv and package unwritable
+        sandbox.require(None, course_root=course_root)
     except sandbox.SandboxUnavailable as exc:
         out(f"cannot grade: {exc}")
         return 2
-    fallback = sandbox.mode() != "bwrap"
+    fallback = sandbox.mode() == "unprotected"
     if fallback:
         out("WARNING: " + sandbox.FALLBACK_WARNING)
         if int(jobs) > 1:
-            out(f"--jobs {jobs} needs bubblewrap: without it the course is checked between submissions, so they "
+            out(f"--jobs {jobs} needs a boundary: without one the course is checked between submissions, so they "
                 "are graded one at a time")
         jobs = 1
     out(f"sandbox: {sandbox.mode()}, {jobs} at a time")
@@ -233,7 +247,7 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / outcomes.RECORD,
                        work / "submitted",
                        *{tdir for *_, tdir in todo}, course_root / "solutions", course_root / "grader", sandbox.PKG_DIR],
-                      skip=[work])
+                      skip=[work], watch=startup_watch())
         guard.snapshot()
     bar = None
     if progress and todo:

@@ -88,7 +88,7 @@ def environment_digest(course_root: Path, lab: str, cell_timeout: int | None) ->
         "config": _config_text(course_root),
         "package": _package_digest(),
         "python": sys.version, "executable": os.path.realpath(sys.executable), "torch": torch_version,
-        "sandbox": [sandbox.mode(), sandbox.bwrap_path(), [m.dest for m in sandbox.mounts("/")]],
+        "sandbox": [sandbox.mode(), sandbox.bwrap_path(), sandbox.subject_user_name(), [m.dest for m in sandbox.mounts("/")]],
         "limits": [dt.memory_mb, dt.max_procs, dt.cell_timeout, dt.sandbox],
         "tmp": os.path.realpath(tempfile.gettempdir()), "uid": os.geteuid(),
     }
@@ -210,18 +210,36 @@ def _why(res) -> str:
     return f": {text}" + ("".join(f" (hint: {h})" for h in hints))
 
 
-def doctor(labs=None, *, course_root=None, cell_timeout=None, out=print) -> int:
-    """``dtlabs doctor --grading``: the sandbox this machine grades in (mode, the folders the subject sees) and each
-    lab's canary graded now. Returns 0 if every lab can be graded here, else 1."""
+def doctor(labs=None, *, course_root=None, cell_timeout=None, fix=False, out=print) -> int:
+    """``dtlabs doctor --grading``: the boundary this machine grades in (mode, what the subject sees or may not
+    reach; ``fix``: create the separate user and close the course to it first) and each lab's canary graded now.
+    Returns 0 if every lab can be graded here, else 1."""
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.course import discover_labs, find_course_root
 
     course_root = find_course_root(course_root)
     out(f"course      {course_root}")
+    if fix:
+        for line in sandbox.fix(course_root):
+            out(f"fix         {line}")
+    box_mode = sandbox.mode()
     why = sandbox.probe_failure()
-    out(f"sandbox     {sandbox.mode()}" + (f" ({why})" if why and sandbox.mode() != "bwrap" else ""))
-    out("the subject sees (in this order):")
-    out(sandbox.describe_mounts(tempfile.gettempdir() + "/<submission>"))
+    out(f"boundary    {box_mode}" + (f" (bubblewrap: {why})" if why and box_mode != "bwrap" else ""))
+    if box_mode == "bwrap":
+        out("the subject sees (in this order):")
+        out(sandbox.describe_mounts(tempfile.gettempdir() + "/<submission>"))
+    elif box_mode == "user":
+        found = sandbox.exposure(sandbox.course_paths(course_root))
+        out(f"the subject runs as {sandbox.subject_user_name()!r}; " + (
+            "it can reach: " + "; ".join(found) + " (fix: dtlabs doctor --grading --fix)" if found else
+            "it cannot read the course's answers or gradebooks, nor write the venv, the package or the course"))
+        if found:
+            return 1
+    elif box_mode == "none":
+        out("PROBLEM " + sandbox.refusal())
+        return 1
+    else:
+        out(sandbox.FALLBACK_WARNING)
     failed = 0
     for lab in labs or discover_labs(course_root):
         verdict = check(course_root, lab, cell_timeout=cell_timeout, force=True, out=out)

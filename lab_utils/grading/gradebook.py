@@ -89,6 +89,35 @@ def tampering(scratch_root: Path | str, lab: str, student: str, expected: tuple)
     return [f"it changed the gradebook it was graded in: {what}" for what in found]
 
 
+def schema(db_path: Path | str) -> set:
+    """Every table, index, view and trigger of an SQLite file, read without letting it run anything: opened read-only
+    (a trigger fires on writes only), ``sqlite_master`` alone is read."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{Path(db_path).resolve()}?mode=ro", uri=True)
+    try:
+        return {tuple(row) for row in con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")}
+    finally:
+        con.close()
+
+
+def schema_changes(scratch_root: Path | str, made: set) -> list[str]:
+    """What a submission added to (or changed in) the schema of the scratch gradebook it was graded in, against
+    ``made`` (the template's ``schema``, read before the submission ran: unprotected, it could add the same trigger to
+    the template): a trigger that rewrites the scores autograde writes, a view, a table. Read before any score is: a
+    score from such a gradebook is no grade."""
+    path = Path(scratch_root) / WORK / "gradebook.db"
+    try:
+        found = schema(path)
+    except Exception as exc:  # noqa: BLE001 - not an SQLite file any more: that is a change too
+        return [f"it changed the gradebook it was graded in: it is no longer readable ({type(exc).__name__})"]
+    added = sorted(f"{kind} {name!r}" for kind, name, _, _ in found - made)
+    gone = sorted(f"{kind} {name!r}" for kind, name, _, _ in made - found)
+    return [f"it changed the gradebook it was graded in: " + "; ".join(
+        (["added " + ", ".join(added)] if added else []) + (["removed or altered " + ", ".join(gone)] if gone else []))
+    ] if added or gone else []
+
+
 SOURCES = "gradebook-sources.json"  # lab -> digest of the source notebook the gradebook last recorded
 
 

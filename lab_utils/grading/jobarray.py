@@ -130,13 +130,11 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     _write_json(sdir / TASK, record)
     reasons = []
     try:
-        sandbox.require(None)  # a course that requires bubblewrap is never graded without it
+        sandbox.require(None, course_root=course_root)  # no boundary on this node: it grades no one
     except sandbox.SandboxUnavailable as exc:
         reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {exc}")
-    if not reasons and sandbox.mode() != "bwrap":
+    if not reasons and sandbox.mode() == "unprotected":
         print("WARNING: " + sandbox.FALLBACK_WARNING, file=sys.stderr, flush=True)
-        reasons.append(f"graded without bubblewrap on {record['host']} (fallback sandbox; install Debian's "
-                       "'bubblewrap' on every node that grades)")
     if not any(sandbox.ENVIRONMENT in r for r in reasons):
         # as `dtlabs grade` does: this node grades no one until the lab's solution and release grade right here
         # (the first task of a user on a node grades them; the others read its verdict)

@@ -149,6 +149,7 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
     os.chmod(scratch, 0o700)
     (scratch / WORK).mkdir(parents=True, exist_ok=True)
     shutil.copy2(template / WORK / "gradebook.db", scratch / WORK / "gradebook.db")
+    made = gradebook.schema(scratch / WORK / "gradebook.db")  # before any submission code runs
     submitted = Path(submission_dir or course_root / WORK / "submitted" / student / lab)
     res = Result(lab, student, scratch)
     try:
@@ -166,8 +167,10 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
     run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
                        course_root=scratch, config_root=course_root, cell_timeout=cell_timeout, timeout=timeout)
     res.output = run.output
-    res.scores = gradebook.cell_scores(scratch, lab, student, auto=True)  # what merge records, and nothing forged
-    forged = gradebook.tampering(scratch, lab, student, expected)
+    forged = gradebook.schema_changes(scratch, made)  # before a score is read: a trigger may have written it
+    if not forged:
+        res.scores = gradebook.cell_scores(scratch, lab, student, auto=True)  # what merge records, nothing forged
+        forged = gradebook.tampering(scratch, lab, student, expected)
     if forged:  # a grade or late penalty it may have changed is no grade: the instructor reads why
         res.scores = {}
     reasons = [copied.note()] if copied.left_out else []

@@ -1,6 +1,6 @@
-"""What a submission could change to gain, kept in memory and put back: the fallback's defence of the course.
+"""What a submission could change to gain, kept in memory and put back: the unprotected mode's defence of the course.
 
-Without bubblewrap a submission runs as the grader's own user and can write any file it finds (grader/README.md,
+Unprotected (``--unprotected``), a submission runs as the grader's own user and can write any file it finds (grader/README.md,
 threat model). The files through which such a write would raise a grade or damage another student are few: the
 course's gradebook and grading records, the submitted notebooks, the per-lab template gradebooks, and the code
 the grader runs (``lab_utils``, ``solutions/``, ``grader/`` config). ``Guard`` reads them into memory while no
@@ -9,9 +9,10 @@ removes what appeared, and names the files, so that submission's grade line says
 therefore grades one submission at a time in the fallback: a check between two submissions can only tell who
 changed a file when one ran.
 
-Not guarded (and said so in the threat model): files outside the course (the venv, the home folder), the
-autograded and feedback notebooks (outputs, rebuilt from the gradebook), and anything a submission changes and
-undoes before it ends.
+``StartupWatch`` watches what a later grading process runs at its start (the venv, the user's Jupyter and IPython
+folders): what appeared is removed, and any other change stops grading. Not guarded (and said so in the threat
+model): the rest of the home folder and the machine, the autograded and feedback notebooks (outputs, rebuilt from
+the gradebook), and anything a submission changes and undoes before it ends.
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from pathlib import Path
 class Guard:
     """Files under ``roots`` (files or folders) as they were at the last ``snapshot``; ``skip`` folders are left out."""
 
-    def __init__(self, roots, skip=()):
+    def __init__(self, roots, skip=(), watch: "StartupWatch | None" = None):
         self.roots = [Path(r) for r in roots]
         self.skip = [Path(s) for s in skip]
         self.files: dict[Path, bytes] = {}
+        self.watch = watch
 
     def _walk(self):
         for root in self.roots:
@@ -40,6 +42,8 @@ class Guard:
 
     def snapshot(self) -> None:
         """Remember every guarded file now (call it while no submission runs)."""
+        if self.watch is not None:
+            self.watch.snapshot()
         self.files = {}
         for path in self._walk():
             try:
@@ -71,6 +75,8 @@ class Guard:
             if path not in self.files:
                 _remove(path)
                 changed.append(str(path))
+        if self.watch is not None:
+            changed += self.watch.check()
         return changed
 
 
@@ -96,3 +102,79 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+class StartupWatch:
+    """Where code runs from when a grading process starts, watched across one unprotected submission: the venv and
+    interpreter (a ``.pth`` file or ``sitecustomize`` in site-packages runs in every later Python), the user's
+    Jupyter and IPython configuration and kernel specs, and user site-packages. These are too large to keep in
+    memory as ``Guard`` keeps the course, so ``check`` compares names, sizes and times: a file that appeared is
+    removed (so is any changed bytecode, which Python rebuilds), and any other change stops grading, since only a
+    reinstall can put it back."""
+
+    def __init__(self, roots, config_roots=(), skip_names=("runtime", "__pycache__")):
+        self.roots = [Path(r) for r in roots if Path(r).exists()]  # every file counts
+        self.config_roots = [Path(r) for r in config_roots if Path(r).exists()]  # files that configure or run code
+        self.skip_names = set(skip_names)
+        self.seen: dict[str, tuple] = {}
+
+    def _scan(self) -> dict[str, tuple]:
+        seen = {}
+        for root in (*self.roots, *self.config_roots):
+            every = root in self.roots
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = [d for d in dirnames if every or d not in self.skip_names]
+                for name in filenames:
+                    if not every and not name.endswith(CODE_SUFFIXES):
+                        continue  # a history database, a cache: written by every session, running nothing
+                    path = os.path.join(dirpath, name)
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    seen[path] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+        return seen
+
+    def snapshot(self) -> None:
+        self.seen = self._scan()
+
+    def check(self) -> list[str]:
+        """Undo what can be undone; returns the files that appeared (removed). Raises ``GuardError`` naming what
+        changed that cannot be put back."""
+        now = self._scan()
+        added, broken = [], []
+        for path, info in now.items():
+            bytecode = path.endswith((".pyc", ".pyo"))
+            if path not in self.seen:
+                _remove(Path(path))
+                if not bytecode:
+                    added.append(path)
+            elif info != self.seen[path]:
+                if bytecode:
+                    _remove(Path(path))
+                else:
+                    broken.append(path)
+        broken += [p for p in self.seen if p not in now and not p.endswith((".pyc", ".pyo"))]
+        if broken:
+            raise GuardError(f"a submission changed what every later grading runs, which only a reinstall puts back: "
+                             f"{', '.join(sorted(broken)[:5])}")
+        return added
+
+
+CODE_SUFFIXES = (".py", ".pth", ".json", ".ipy", ".pyc", ".so", ".sh", ".cfg", ".toml", ".ini", ".yaml", ".yml")
+
+
+def startup_watch() -> StartupWatch:
+    """The interpreter and the venv (every file), and the user's Python and Jupyter folders this user can write
+    (their configuration, kernel specs, startup files and user site-packages)."""
+    from jupyter_core import paths
+
+    from lab_utils.grading.boundary import sandbox
+
+    home = Path.home()
+    mine = [home / ".jupyter", home / ".ipython", home / ".local", home / ".config",
+            *map(Path, paths.jupyter_config_path()), *map(Path, paths.jupyter_path())]
+    installed = sandbox.installed_paths()
+    writable = [str(p) for p in mine if p.exists() and os.access(p, os.W_OK)
+                and not any(str(p.resolve()).startswith(i) for i in installed)]
+    return StartupWatch(installed, list(dict.fromkeys(writable)))

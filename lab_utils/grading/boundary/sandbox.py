@@ -1,22 +1,29 @@
-"""The box a submission's code runs in while it is graded: bubblewrap when present, folder isolation otherwise.
+"""The box a submission's code runs in while it is graded: bubblewrap, else a separate user, else refused.
 
-With ``bwrap`` (Debian package ``bubblewrap``) the subject sees a root built from read-only binds of the
-system, the Python installation, the course venv and the ``lab_utils`` package, plus its own throwaway
-folder; nothing else of the course (``solutions/``, ``grader/``, the gradebook, other students) exists there.
-It gets a private ``/tmp``, its own PID, network (loopback only), IPC and UTS namespaces, no capabilities, a
-scrubbed environment, and it dies with its parent; when its first process exits the kernel kills every
-process left in its PID namespace, however it was started.
+Three modes (``mode()``), chosen by ``c.DTLabs.sandbox``:
 
-Without ``bwrap`` (a student's laptop, a machine where it cannot run) the same program runs with the
-throwaway folder as its home and working directory, the scrubbed environment, a private copy of
-``lab_utils`` first on its path and the same resource limits, and a warning says once what is weaker.
+- ``bwrap`` (Debian package ``bubblewrap``, where user namespaces work): the subject sees a root built from
+  read-only binds of the system, the Python installation, the course venv and the ``lab_utils`` package, plus its
+  own throwaway folder; nothing else of the course (``solutions/``, ``grader/``, the gradebook, other students)
+  exists there. It gets a private ``/tmp``, its own PID, network (loopback only), IPC and UTS namespaces, no
+  capabilities, a scrubbed environment, and it dies with its parent.
+- ``user`` (the grader is root and bubblewrap cannot run: Docker's default seccomp profile, Gradescope's
+  autograder images, many HPC containers): the subject runs as ``c.DTLabs.subject_user``, an unprivileged user
+  with no other groups, in its own folder. Before anything is graded, ``require`` checks as that user that the
+  course's answers and gradebooks are neither readable nor writable to it, and that the venv, the package and the
+  course are not writable (``exposure``); a machine where they are refuses with the list. This is what
+  PrairieLearn's and Otter's Gradescope graders rely on.
+- ``unprotected`` (only by name: ``--unprotected``, ``c.DTLabs.sandbox = "unprotected"``): the grader's own user,
+  its limits and the course guard only; every grade says it was taken without a boundary.
 
-Either way a watchdog enforces the submission's memory (total RSS of its processes) and process-count limits,
-and records why it stopped the box, so a grade can say "memory limit" instead of "dead kernel".
+Where neither boundary can be had and none was named, ``require`` refuses with the reason: no grade without a
+boundary. Every mode has the same watchdog: memory (total RSS of the submission's processes), process-count and
+disk limits, and the reason it stopped the box, so a grade can say "memory limit" instead of "dead kernel".
 """
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -35,11 +42,13 @@ KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
             "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
             "DTLABS_TEST_TOKEN", "DTLABS_GRADING_TOKEN")  # random markers the leak checks count processes by
 FALLBACK_WARNING = (
-    "dtlabs: bubblewrap (bwrap) is not available, so submissions run with folder isolation and resource limits "
-    "only: their code cannot change a grade, but it could read or write files of this machine that it finds by "
-    "absolute path (dtlabs grade puts back the course's grading files, one submission at a time). Install "
-    "Debian's 'bubblewrap' for the full sandbox."
+    "dtlabs: grading WITHOUT A BOUNDARY (--unprotected): submissions run as this user, with resource limits only. "
+    "Their code can read what this user can read (the solutions included) and write what it can write; dtlabs grade "
+    "puts back the course's grading files and stops if the venv changed, one submission at a time, and every grade "
+    "says it was taken without a boundary. Install Debian's 'bubblewrap', or grade as root with a separate user "
+    "(dtlabs doctor --grading --fix)."
 )
+UNPROTECTED = "taken without a boundary (--unprotected)"  # on every grade line, record and results.json of that mode
 
 
 @dataclass
@@ -55,21 +64,36 @@ class Limits:
 
 
 class SandboxUnavailable(RuntimeError):
-    """The course asks for bubblewrap (``c.DTLabs.sandbox = "bwrap"``) and it cannot build a sandbox here."""
+    """No boundary can be built here for the mode asked for: the reason, and how to get one."""
 
 
 _chosen: str | None = None  # the course's c.DTLabs.sandbox, when the grader was told it (``require``)
+_user: str | None = None  # the course's c.DTLabs.subject_user, likewise
+_checked: dict = {}  # (mode, protected paths) -> None or the exposure found, once per process
 
 
-def require(choice: str | None) -> None:
-    """Grade with ``choice`` ("auto", "bwrap", "off"; None: the environment's setting) in this process; "bwrap"
-    raises ``SandboxUnavailable`` with the reason when bubblewrap cannot run here."""
-    global _chosen
-    _chosen = choice
-    if choice == "bwrap" and not bwrap_path():
-        raise SandboxUnavailable(
-            "the course requires bubblewrap (c.DTLabs.sandbox = 'bwrap') and it cannot build a sandbox here: "
-            + (probe_failure() or "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"))
+def require(choice: str | None, course_root=None, protect=(), read_only=(), user: str | None = None) -> str:
+    """Grade with ``choice`` ("auto", "bwrap", "user", "unprotected"/"off"; None: the setting in force) in this
+    process and return the mode. Raises ``SandboxUnavailable`` with the reason where that boundary cannot be had,
+    or where the separate user could read or write the course's answers (``course_root``, ``protect``), or write
+    the venv, the package or ``read_only``."""
+    global _chosen, _user
+    _chosen, _user = choice, user
+    now = mode()
+    if now == "none":
+        raise SandboxUnavailable(refusal())
+    if now == "user":
+        paths = tuple(str(p) for p in (*course_paths(course_root), *protect))
+        fixed = tuple(str(p) for p in read_only)
+        key = (now, subject_user_name(), paths, fixed)
+        if key not in _checked:
+            _checked[key] = exposure(paths, fixed)
+        if _checked[key]:
+            raise SandboxUnavailable(
+                f"the separate user {subject_user_name()!r} could reach what a submission must not: "
+                + "; ".join(_checked[key]) + ". Fix: `dtlabs doctor --grading --fix` (as root), or chmod o-rwx the "
+                "folders named readable and o-w those named writable")
+    return now
 
 
 def _choice() -> str:
@@ -95,10 +119,41 @@ def _probe() -> tuple[str | None, str | None]:
     return path, None
 
 
+def subject_user_name() -> str:
+    return _user or settings.load().subject_user
+
+
+def subjects_folder() -> str | None:
+    """Where the separate user's folders go: the temp folder if every folder above it lets others pass, else /tmp
+    (a TMPDIR inside a private folder would keep the subject from its own files)."""
+    import stat
+    import tempfile
+
+    here = Path(tempfile.gettempdir()).resolve()
+    if all(p.stat().st_mode & stat.S_IXOTH for p in (here, *here.parents)):
+        return None
+    return "/tmp"
+
+
+def subject_user() -> tuple[pwd.struct_passwd | None, str | None]:
+    """(the separate user's passwd entry, None) where submissions can run as it, else (None, why not)."""
+    name = subject_user_name()
+    if os.geteuid() != 0:
+        return None, "the grader is not root, so it cannot run a submission as a separate user"
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None, (f"the user {name!r} does not exist (create it: `dtlabs doctor --grading --fix`, or "
+                      f"useradd --system --user-group --no-create-home --shell /usr/sbin/nologin {name})")
+    if entry.pw_uid == 0 or entry.pw_gid == 0:
+        return None, f"the user {name!r} is root or in root's group: it must be an unprivileged user"
+    return entry, None
+
+
 def bwrap_path() -> str | None:
-    """The bwrap binary if it can actually build a sandbox here (it cannot in some containers), unless
-    ``c.DTLabs.sandbox`` is "off"."""
-    if _choice() == "off":
+    """The bwrap binary if it can actually build a sandbox here (it cannot in some containers) and the course
+    lets it be used (``c.DTLabs.sandbox`` "auto" or "bwrap")."""
+    if _choice() not in ("auto", "bwrap"):
         return None
     return _probe()[0]
 
@@ -108,9 +163,107 @@ def probe_failure() -> str | None:
     return _probe()[1]
 
 
-def mode() -> str:
-    """'bwrap' or 'fallback'."""
-    return "bwrap" if bwrap_path() else "fallback"
+def mode(choice: str | None = None) -> str:
+    """'bwrap', 'user', 'unprotected', or 'none' (no boundary here and none named: ``refusal`` says why), for
+    ``choice`` (default: the setting in force)."""
+    choice = choice or _choice()
+    if choice in ("off", "unprotected"):
+        return "unprotected"
+    if choice in ("auto", "bwrap") and _probe()[0]:
+        return "bwrap"
+    if choice in ("auto", "user") and subject_user()[0] is not None:
+        return "user"
+    return "none"
+
+
+def refusal() -> str:
+    """Why no boundary can be had here, and what to do."""
+    choice = _choice()
+    why = []
+    if choice in ("auto", "bwrap"):
+        why.append(f"bubblewrap: {probe_failure() or 'it runs here'}")
+    if choice in ("auto", "user"):
+        why.append(f"separate user: {subject_user()[1]}")
+    return ("no boundary between a submission and this machine can be built here (c.DTLabs.sandbox = "
+            f"{choice!r}): " + "; ".join(why) + ". Grade as root with a separate user (`dtlabs doctor --grading "
+            "--fix`), on a machine where bubblewrap runs, or, knowing every grade is then taken without a boundary, "
+            "with --unprotected")
+
+
+def course_paths(course_root) -> list[str]:
+    """What of a course the separate user must not read: its answers, config and gradebooks."""
+    if not course_root:
+        return []
+    root = Path(course_root)
+    return [str(root / "solutions"), str(root / "grader")]
+
+
+EXPOSURE_CHECK = """
+import json, os, sys
+protect, read_only = json.loads(sys.argv[1])
+found = []
+for p in protect:
+    if os.path.lexists(p) and (os.access(p, os.R_OK) or (os.path.isdir(p) and os.access(p, os.X_OK))):
+        found.append("readable: " + p)
+    if os.path.lexists(p) and os.access(p, os.W_OK):
+        found.append("writable: " + p)
+for p in read_only:
+    if os.path.lexists(p) and os.access(p, os.W_OK):
+        found.append("writable: " + p)
+print(json.dumps(found))
+"""
+
+
+def fix(course_root=None) -> list[str]:
+    """``dtlabs doctor --grading --fix`` (as root): create the separate user if missing, close the course's answers
+    and gradebooks to others and make what it may only read unwritable to others. Returns what it did."""
+    import stat
+
+    if os.geteuid() != 0:
+        return ["nothing fixed: only root can create the separate user (run it with sudo)"]
+    done = []
+    name = subject_user_name()
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+        done.append(f"created the user {name!r}")
+    parents = {str(Path(p).parent) for p in course_paths(course_root)}
+    for path, drop in [*((p, 0o007) for p in course_paths(course_root)),
+                       *((p, 0o002) for p in [*installed_paths(), *sorted(parents)])]:
+        if os.path.isdir(path) and not os.path.islink(path):
+            mode_now = stat.S_IMODE(os.stat(path).st_mode)
+            if mode_now & drop:
+                os.chmod(path, mode_now & ~drop)
+                done.append(f"chmod o-{'rwx' if drop == 0o007 else 'w'} {path}")
+    _checked.clear()
+    return done or ["nothing to fix"]
+
+
+def installed_paths() -> list[str]:
+    """The interpreter, the venv and this package: what every later grading runs, so no submission may write it."""
+    paths = [os.path.dirname(os.path.realpath(sys.executable)), *_python_paths()]
+    return list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.isdir(p)))
+
+
+def exposure(protect=(), read_only=()) -> list[str]:
+    """Asked as the separate user itself (``os.access`` in a process of its own, with no other groups): which of
+    ``protect`` it can read or write, and which installed folder (``installed_paths``) or course folder it can write.
+    Empty: the boundary holds."""
+    import json
+
+    entry, why = subject_user()
+    if entry is None:
+        return [why]
+    parents = {str(Path(p).parent) for p in protect}  # the course itself: no submission adds a file to it
+    run = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", EXPOSURE_CHECK, json.dumps([list(protect), installed_paths() + sorted(parents) + list(read_only)])],
+        user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    if run.returncode != 0:
+        return [f"the check could not run as {entry.pw_name!r}: {run.stderr.strip()[-300:]}"]
+    return json.loads(run.stdout)
 
 
 _warned = False
@@ -242,7 +395,9 @@ def _prepare_home(home: Path) -> None:
 
 
 def command(argv: list[str], workdir: Path, env: dict, limits: Limits | None = None) -> tuple[list[str], dict, str | None]:
-    """(argv to run, environment, cwd) for ``argv`` boxed with bwrap, or prepared for the fallback."""
+    """(argv to run, environment, cwd) for ``argv`` boxed with bwrap, or prepared to run as the separate user or
+    (unprotected) as this one: then in the submission's folder, with a private copy of the package first on its
+    path, so ``lab_utils.__file__`` leads nowhere near the course."""
     workdir = Path(workdir).resolve()
     _prepare_home(workdir)
     shared_tmp(workdir).mkdir(exist_ok=True)
@@ -258,11 +413,31 @@ def command(argv: list[str], workdir: Path, env: dict, limits: Limits | None = N
         for k, v in _env(inside, env).items():
             cmd += ["--setenv", k, v]
         return cmd + ["--"] + argv, {}, None
-    warn_fallback_once()
     # a private copy of lab_utils first on the path: lab_utils.__file__ then leads nowhere near the course
     private = workdir / ".dtlabs_pkg"
     shutil.copytree(PKG_DIR, private / "lab_utils", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-    return argv, _env(str(workdir), {**env, "PYTHONPATH": str(private)}), str(workdir)
+    if mode() == "user":
+        hand_over(workdir)
+    else:
+        warn_fallback_once()
+    return argv, _env(str(workdir), {**env, "PYTHONPATH": str(private), "PYTHONNOUSERSITE": "1"}), str(workdir)
+
+
+def hand_over(workdir: Path) -> None:
+    """Make the submission's folder the separate user's: owned by it, shared with the grader through its group
+    (setgid folders, so what the grader's kernel writes there, a checkpoint or the relay's socket, stays the
+    subject's to use: ``start_grading`` sets that kernel's umask to 002), closed to everyone else."""
+    entry, why = subject_user()
+    if entry is None:
+        raise SandboxUnavailable(why)
+    for folder, dirs, files in os.walk(workdir):
+        os.lchown(folder, entry.pw_uid, entry.pw_gid)
+        os.chmod(folder, 0o2770)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.lchown(path, entry.pw_uid, entry.pw_gid)
+                os.chmod(path, 0o660 | (os.stat(path).st_mode & 0o110))
 
 
 def folder_bytes(folder: Path, stop_at: int) -> int:
@@ -322,7 +497,7 @@ class Box:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def members(self) -> list:
-        return processes.tree(self.popen.pid, include_orphans=self.mode == "fallback")
+        return processes.tree(self.popen.pid, include_orphans=self.mode != "bwrap")
 
     def _watch(self) -> None:
         polls = 0
@@ -372,7 +547,7 @@ class Box:
     def kill(self, reason: str | None = None) -> None:
         if reason and not self.reason:
             self.reason = reason
-        processes.kill_tree(self.popen.pid, include_orphans=self.mode == "fallback")
+        processes.kill_tree(self.popen.pid, include_orphans=self.mode != "bwrap")
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -390,11 +565,16 @@ def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(
     limits = limits or Limits()
     cmd, full_env, cwd = command(argv, workdir, env or {}, limits)
     box_mode = mode()
-    if box_mode == "fallback":
+    if box_mode != "bwrap":
         processes.become_subreaper()  # orphans of the submission come back to us, so they can be found
+    as_user = {}
+    if box_mode == "user":  # no supplementary groups: the subject is its own user and group, nothing more
+        entry = subject_user()[0]
+        as_user = dict(user=entry.pw_uid, group=entry.pw_gid, extra_groups=[])
     popen = subprocess.Popen(
         cmd, env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), stdin=subprocess.DEVNULL, stdout=stdout,
         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: _limit_resources(limits.memory_mb),
+        **as_user,
     )
     import psutil
 

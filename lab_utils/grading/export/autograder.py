@@ -155,10 +155,12 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
         return student_zero(manifest, str(exc)), 0
     dt = settings.load(load_config(course))
     try:
-        sandbox.require(dt.sandbox)
+        # as a separate user: the bundle (the lab's hidden tests) unreadable to it, the results folder unwritable
+        sandbox.require(dt.sandbox, course_root=course, protect=[root / "source"], read_only=[root / "results"],
+                        user=dt.subject_user)
     except sandbox.SandboxUnavailable as exc:
         return environment_error(manifest, str(exc)), 1
-    out(f"sandbox: {sandbox.mode()}" + ("" if sandbox.mode() == "bwrap" else f" ({sandbox.FALLBACK_WARNING})"))
+    out(f"sandbox: {sandbox.mode()}" + (f" ({sandbox.FALLBACK_WARNING})" if sandbox.mode() == "unprotected" else ""))
     verdict = canary.check(course, lab, timeout=dt.submission_timeout, out=out)
     out(f"canary: solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, release {verdict.release[0]:g}/"
         f"{verdict.release[1]:g}" + (" (kept verdict)" if verdict.cached else f" ({verdict.seconds:.0f} s)"))

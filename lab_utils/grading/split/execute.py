@@ -29,6 +29,7 @@ from traitlets import Unicode
 
 from lab_utils import settings
 from lab_utils.grading.course import cell_meta
+from lab_utils.grading.boundary import sandbox
 from lab_utils.grading.boundary.sandbox import ENVIRONMENT
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
@@ -129,7 +130,10 @@ class SplitExecute(Execute):
         can come from a folder a student writes: its working directory is not on its path (IPython's
         ``ignore_cwd``; ``PYTHONSAFEPATH`` keeps ``python -m`` from adding it either)."""
         kwargs["cwd"] = self._kernel_home
-        kwargs["env"] = {**(kwargs.get("env") or os.environ), "PYTHONSAFEPATH": "1"}
+        # nor from the user's own IPython profile (its startup files) or user site-packages, which a submission
+        # graded earlier without a boundary could have written
+        kwargs["env"] = {**(kwargs.get("env") or os.environ), "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1",
+                         "IPYTHONDIR": self._kernel_ipython}
         if SAFE_KERNEL_ARG not in self.extra_arguments:
             self.extra_arguments = [*self.extra_arguments, SAFE_KERNEL_ARG]
         await super().async_start_new_kernel(**kwargs)
@@ -171,13 +175,18 @@ class SplitExecute(Execute):
         workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
         report = self.report_path or None
         limits = settings.load(self.config)  # c.DTLabs.* from the course's nbgrader config, then the environment
-        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-")  # removed here: the kernel may die uncleaned
+        user_mode = sandbox.mode(limits.sandbox) == "user"
+        # removed here: the kernel may die uncleaned. The separate user passes through it to its own folder, no more
+        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=sandbox.subjects_folder() if user_mode else None)
+        if user_mode:
+            os.chmod(work_root, 0o711)
         self._kernel_home = tempfile.mkdtemp(prefix="dtlabs-grader-")  # the kernel's working directory, empty
+        self._kernel_ipython = tempfile.mkdtemp(prefix="dtlabs-ipython-")  # its IPython profile: none of the user's
         preamble = new_code_cell(
             "import lab_utils.grading.split.proxy as _dtlabs_proxy\n"
             f"_dtlabs_proxy.start_grading(shared_sources={shared!r}, workdir={str(workdir)!r}, report_path={report!r}, "
             f"work_root={work_root!r}, memory_mb={limits.memory_mb!r}, max_procs={limits.max_procs!r}, "
-            f"sandbox={limits.sandbox!r}, disk_mb={limits.disk_mb!r})"
+            f"sandbox={limits.sandbox!r}, subject_user={limits.subject_user!r}, disk_mb={limits.disk_mb!r})"
         )
         nb.cells.insert(0, preamble)
         self._preamble = preamble
@@ -196,6 +205,7 @@ class SplitExecute(Execute):
             self.timeout_func = cell_timeout
             shutil.rmtree(work_root, ignore_errors=True)
             shutil.rmtree(self._kernel_home, ignore_errors=True)
+            shutil.rmtree(self._kernel_ipython, ignore_errors=True)
             self._preamble = None
             nb.cells.pop(0)
             for i, src in originals.items():

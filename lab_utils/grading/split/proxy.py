@@ -442,7 +442,7 @@ def _course_uses_torch(shared_sources) -> bool:
 
 def start_grading(shared_sources=(), workdir: str | None = None, report_path: str | None = None,
                   memory_mb: int | None = None, max_procs: int | None = None, work_root: str | None = None,
-                  sandbox: str | None = None, disk_mb: int | None = None) -> str:
+                  sandbox: str | None = None, disk_mb: int | None = None, subject_user: str | None = None) -> str:
     """Called by the grading executor's first (hidden) cell in the grader kernel: start the subject, install
     ``%%student`` and the shared-cell hook. Returns the sandbox mode. The subject's folder is made under
     ``work_root``, which the executor owns and removes once the kernel is gone (a killed kernel runs no cleanup)."""
@@ -452,7 +452,12 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     from lab_utils.grading.boundary import sandbox as boxes
 
     shell = get_ipython()
-    boxes.require(sandbox)
+    box_mode = boxes.require(sandbox, user=subject_user)
+    if box_mode == "user":
+        os.umask(0o002)  # what this kernel writes in the subject's folder (setgid, its group) stays the subject's to use
+    elif box_mode == "unprotected" and report_path:  # said on the grade line, from where the subject really ran
+        with open(report_path, "a") as fh:
+            fh.write(boxes.UNPROTECTED + "\n")
     limits = boxes.Limits()
     if memory_mb:
         limits.memory_mb = int(memory_mb)

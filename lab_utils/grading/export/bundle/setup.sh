@@ -25,10 +25,18 @@ if ! command -v bwrap >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
         export DEBIAN_FRONTEND=noninteractive
         { apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap; } \
-            || echo "setup.sh: bubblewrap could not be installed: submissions will be graded in the fallback sandbox"
-    else
-        echo "setup.sh: no bubblewrap: submissions will be graded in the fallback sandbox"
+            || echo "setup.sh: bubblewrap could not be installed"
     fi
+fi
+# Where bubblewrap cannot build a sandbox (Gradescope's containers forbid user namespaces), submissions run as this
+# unprivileged user, to whom the bundle (the lab's hidden tests), the venv and the results are closed or read-only.
+SUBJECT="${DTLABS_SUBJECT_USER:-dtlabs-subject}"
+if [ "$(id -u)" = 0 ]; then
+    id -u "$SUBJECT" >/dev/null 2>&1 \
+        || useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$SUBJECT"
+    chmod 700 "$SRC"
+    mkdir -p "$ROOT/results"
+    chmod 755 "$ROOT/results"
 fi
 
 python3 -m venv "$VENV"
