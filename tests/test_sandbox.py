@@ -132,3 +132,57 @@ def test_the_font_cache_copied_in_is_the_one_matplotlib_uses(env, tmp_path, monk
     matplotlib_says = subprocess.run([sys.executable, "-c", "import matplotlib; print(matplotlib.get_cachedir())"],
                                      capture_output=True, text=True, check=True).stdout.strip()
     assert Path(matplotlib_says).resolve() == sandbox._matplotlib_cache().resolve()
+
+
+MODE_UNDER_SECCOMP = """
+import json, os, sys
+from lab_utils.grading.boundary import sandbox
+from no_namespaces import refuse_namespaces
+refuse_namespaces()
+if sys.argv[1] != "root":  # everything imported first: an unprivileged user may not reach this interpreter's files
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+try:
+    sandbox.require(None)
+    print(json.dumps([sandbox.mode(), ""]))
+except sandbox.SandboxUnavailable as exc:
+    print(json.dumps([sandbox.mode(), str(exc)]))
+"""
+
+
+@pytest.mark.parametrize("who", ["root", "an ordinary user"])
+def test_where_namespaces_are_refused_root_grades_as_a_separate_user_and_anyone_else_is_refused(who):
+    """Docker's default seccomp profile (tests/no_namespaces.py) stops bubblewrap, root's included: root then runs
+    submissions as the separate user; an ordinary user gets no grade, and the refusal says why and how to opt in."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it switches to another user, as a grading service in a container would be root")
+    pytest.importorskip("pyseccomp", reason="needs the pyseccomp binding (the test extra) and libseccomp")
+    env = {**os.environ, "DTLABS_SUBJECT_USER": "nobody", "DTLABS_SANDBOX": "auto",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", MODE_UNDER_SECCOMP, "root" if who == "root" else "user"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    import json
+
+    mode, refusal = json.loads(run.stdout.strip().splitlines()[-1])
+    if who == "root":
+        assert (mode, refusal) == ("user", ""), refusal
+    else:
+        assert mode == "none"
+        assert "bwrap cannot build a sandbox here" in refusal and "not root" in refusal and "--unprotected" in refusal
+
+
+def test_a_separate_user_who_cannot_run_this_python_is_a_refusal_not_a_grade(monkeypatch):
+    """As the separate user, the boundary is checked by that user itself; where it cannot even start the grader's
+    Python (a venv under /root, mode 700) nothing is graded, and the reason says so."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    monkeypatch.setattr(sandbox, "_probe", lambda: (None, "no namespaces (test)"))
+    monkeypatch.setattr(sandbox, "_checked", {})
+    monkeypatch.setenv("DTLABS_SUBJECT_USER", "nobody")
+    found = sandbox.exposure([str(Path(__file__).parent.parent / "solutions")])
+    reachable = not any("could not run" in f for f in found)
+    if reachable:  # this Python is open to others: the check itself ran and judged the folders
+        assert all(f.startswith(("readable: ", "writable: ")) for f in found), found
+    else:
+        with pytest.raises(sandbox.SandboxUnavailable, match="could not run as 'nobody'"):
+            sandbox.require("user", course_root=Path(__file__).parent.parent)
