@@ -16,171 +16,37 @@ course. Searching all of /tmp would damage the courses of tests running in paral
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB, TEST_TOKEN_VAR, assert_no_leftovers, make_synthetic_course
-from known_wrong import read_known_wrong
+from cheat_corpus import CHEATS, LAB01, PWNED, SYNTHETIC, Run, attacks, header, submit_corpus, tree_digest
+from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB, TEST_TOKEN_VAR, assert_no_leftovers
 
 from lab_utils import grading
 from lab_utils.grading.boundary import sandbox
 
 REPO = grading.REPO_ROOT
-CHEATS = sorted((REPO / "grader" / "cheats").glob("*.py"))
-PWNED = Path("/tmp/dtlabs-pwned")
-CHEATS_LAB = "01_ddp_setup"  # the lab the cheats are written for; graded against another, they name that one
-
-
-@dataclass(frozen=True)
-class Target:
-    """The lab a corpus is graded against: the answer cell the attacks go into, under an honest wrong answer."""
-
-    lab: str
-    answer: str  # grade_id of the answer cell
-    test: str  # grade_id of the test cell the attacks aim at (the submission ends there)
-    honest: str  # known-wrong file (grader/known_wrong/<lab>/) under every attack
-    honest_score: tuple  # what the honest wrong answer scores on `test`
-    full_score: tuple  # what the solution scores on `test`
-
-    def course(self, root: Path) -> Path:
-        if self.lab == SYNTHETIC_LAB:
-            make_synthetic_course(root)
-        else:
-            shutil.copytree(REPO / "solutions" / self.lab, root / "solutions" / self.lab)
-        grading.release([self.lab], root=root)
-        return root
-
-    def known_wrong(self, root: Path):
-        folder = root if self.lab == SYNTHETIC_LAB else REPO  # the synthetic course carries its own
-        return read_known_wrong(folder / "grader" / "known_wrong" / self.lab / self.honest)
-
-    def attack(self, path: Path, search_root: Path | None = None) -> str:
-        """The attack's text for this lab; ``search_root`` replaces the folders an attack searches the file system
-        in (the fallback: there it would really damage other tests' courses and the developer's checkout)."""
-        text = path.read_text().replace(CHEATS_LAB, self.lab)
-        if search_root is not None:
-            text = SEARCHED.sub(repr(str(search_root)), text)
-        return text
-
-
-def _beside(folder: Path, head: dict, target: Target) -> None:
-    """What a cheat puts beside its notebook: the links its header names, the files it ships."""
-    for spec in filter(None, (x.strip() for x in head.get("links", "").split(";"))):
-        name, target_path = (x.strip() for x in spec.split("->"))
-        (folder / name).symlink_to(target_path.replace(CHEATS_LAB, target.lab))
-    if head.get("ships"):
-        shutil.copytree(REPO / "grader" / "cheats" / head["ships"], folder, dirs_exist_ok=True)
-
-
-SEARCHED = re.compile(r'"/tmp",\s*"/home",\s*"/work",\s*"/srv"')  # the machine-wide folders attacks search
-
-
-LAB01 = Target(CHEATS_LAB, "ring_all_reduce", "test_ring_all_reduce", "ring_assumes_divisible.py", (0.0, 3.0),
-               (3.0, 3.0))
-SYNTHETIC = Target(SYNTHETIC_LAB, "add", "test_add", "ignores_sign.py", (0.0, 2.0), (2.0, 2.0))
-
-
-def _header(path: Path) -> dict:
-    head = {}
-    for line in path.read_text().splitlines():
-        m = re.match(r"^#\s*(attack|defended-by|needs|tamper|links|ships)\s*:\s*(.*)$", line)
-        if m:
-            head[m.group(1)] = m.group(2).strip()
-        elif not line.startswith("#"):
-            break
-    return head
-
-
-@dataclass(frozen=True)
-class Run:
-    """One corpus: the sandbox mode, the lab it is graded against, and which attacks (``"all"``; ``"needs"``: those
-    that need Lab 01's own code; ``"rest"``: every other one)."""
-
-    mode: str
-    target: Target
-    which: str = "all"
-
-    @property
-    def name(self) -> str:
-        return f"{self.mode}-{self.target.lab}" + ("" if self.which == "all" else f"-{self.which}")
-
-
-def _corpus(run: Run) -> list[Path]:
-    """The attacks of ``run``. In the fallback, only those whose defence depends on the sandbox mode (not `split`
-    alone: that is the same code in both)."""
-    def in_fallback(head):  # split and files: the same code with or without bubblewrap
-        return head.get("defended-by", "").replace(" ", "") not in ("split", "files")
-
-    def wanted(head):
-        if run.which != "all" and bool(head.get("needs")) != (run.which == "needs"):
-            return False
-        return run.mode == "bwrap" or in_fallback(head)
-
-    return [p for p in CHEATS if wanted(_header(p))]
-
-
-def _tree_digest(root: Path) -> dict:
-    """path -> sha256 of every file of the course but its grading work folder."""
-    out = {}
-    for sub in ("lab_utils", "solutions", "labs", "grader"):
-        for p in sorted((root / sub).rglob("*")):
-            if p.is_file() and "work" not in p.relative_to(root).parts and "__pycache__" not in p.parts:
-                out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
-def _cut(nb, grade_id):
-    """Up to the cell the attacks aim at, without the demo cells (which no test depends on, tests/test_labs.py)."""
-    nb = grading.without_demos(nb)
-    idx = max(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
-    nb.cells = nb.cells[: idx + 1]
-    return nb
 
 
 def _grade_corpus(root: Path, run: Run, monkeypatch) -> dict:
     mode, target = run.mode, run.target
     lab = target.lab
-    target.course(root)
-    rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
-    src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
-    honest = target.known_wrong(root)
     search_root = None
     if mode == "fallback":  # the course, its templates and scratch courses, and nothing else, are what attacks find
         search_root, tmp = root.parent, root.parent / "tmp"  # side by side, as a course and /tmp are
         tmp.mkdir()
         monkeypatch.setenv("TMPDIR", str(tmp))
         monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    grading.submit(root, "honest", lab, _cut(grading.fill_solutions(rel, src, {target.answer: honest.source}),
-                                             target.test))
-    for path in _corpus(run):
-        head = _header(path)
-        nb = grading.fill_solutions(rel, src, {target.answer: honest.source + "\n\n\n" + target.attack(path, search_root)})
-        if head.get("tamper"):
-            for cell in nb.cells:
-                meta = cell.metadata.get("nbgrader", {})
-                if meta.get("grade_id") == target.test:
-                    cell.source = "pass"
-                    meta.update(solution=True, locked=False)
-        notebook = grading.submit(root, f"cheat_{path.stem}", lab, _cut(nb, target.test))
-        _beside(notebook.parent, head, target)
-    # the victim, graded last, ships helper modules beside its notebook (one named numpy.py) and uses one
-    victim = grading.fill_solutions(rel, src)
-    for cell in victim.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == target.answer:
-            cell.source += "\n\n\nimport utils\nassert utils.HELPER == 1"
-    folder = grading.submit(root, "zz_victim", lab, _cut(victim, target.test)).parent
-    (folder / "utils.py").write_text("HELPER = 1\n")
-    (folder / "numpy.py").write_text("HELPER = 2  # a student's own module, named like a library\n")
-    before = _tree_digest(root)
-    repo_before = _tree_digest(REPO)
+    elif mode == "user":  # what is open to every user of this machine (other checkouts) is not this course's to judge
+        search_root = root.parent
+    submit_corpus(root, run, search_root)
+    before = tree_digest(root)
+    repo_before = tree_digest(REPO)
     PWNED.unlink(missing_ok=True)
     token = uuid.uuid4().hex
     monkeypatch.setenv(TEST_TOKEN_VAR, token)
@@ -188,13 +54,28 @@ def _grade_corpus(root: Path, run: Run, monkeypatch) -> dict:
     monkeypatch.setenv("DTLABS_MAX_PROCS", "64")
     monkeypatch.setenv("DTLABS_DISK_MB", "256")
     if mode == "fallback":
-        monkeypatch.setenv("DTLABS_SANDBOX", "off")
+        monkeypatch.setenv("DTLABS_SANDBOX", "unprotected")
+        # the user folders the startup watch guards are this test's own: other tests' kernels write the real ones
+        monkeypatch.setenv("HOME", str(root.parent / "home"))
+    elif mode == "user":
+        monkeypatch.setenv("DTLABS_SANDBOX", "user")
+        sandbox.fix(root)
     lines = []
     code = grading.grade([lab], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
-    repo_after = _tree_digest(REPO)
+    repo_after = tree_digest(REPO)
     assert_no_leftovers(token)
-    return {"code": code, "lines": lines, "before": before, "after": _tree_digest(root), "repo_before": repo_before,
+    return {"code": code, "lines": lines, "before": before, "after": tree_digest(root), "repo_before": repo_before,
             "repo_after": repo_after}
+
+
+def _separate_user_here() -> bool:
+    """Root, with the separate user there (or made now), and this Python runnable by it: then the separate user's
+    corpus runs on every push too. Where this Python lies in a private folder (a venv made from a Python under /root)
+    it cannot, and make test-deploy grades that corpus as the separate user from the course's own venv instead,
+    with namespaces refused as Docker refuses them (tests/deploy/test_no_namespaces.py)."""
+    if os.geteuid() != 0 or not sandbox.bwrap_path() or sandbox.subject_user()[0] is None:
+        return False
+    return not any("could not run" in f for f in sandbox.exposure())
 
 
 # Under pytest-xdist one worker grades a corpus and runs its tests (module docstring: which corpora run when).
@@ -205,6 +86,8 @@ elif FULL:
     RUNS = [Run("bwrap", LAB01), Run("fallback", LAB01), Run("fallback", SYNTHETIC)]
 else:
     RUNS = [Run("bwrap", LAB01, "needs"), Run("bwrap", SYNTHETIC, "rest"), Run("fallback", SYNTHETIC)]
+if _separate_user_here():
+    RUNS.append(Run("user", SYNTHETIC))
 
 
 @pytest.fixture(scope="module", params=[pytest.param(r, id=r.name, marks=pytest.mark.xdist_group(f"cheats-{r.name}"))
@@ -245,7 +128,7 @@ def test_no_cheat_gains_anything(corpus):
     honest = _scores(corpus, "honest")
     honest_total = sum(s for s, _ in honest.values())
     gains = []
-    for path in _corpus(corpus["run"]):
+    for path in attacks(corpus["run"]):
         got = _scores(corpus, f"cheat_{path.stem}")
         gained = {gid: s for gid, s in got.items() if s[0] > honest.get(gid, (0, 0))[0]}
         line = next((x for x in corpus["lines"] if f"cheat_{path.stem}/" in x), "(no line)")
@@ -283,7 +166,7 @@ def test_no_hidden_test_reaches_a_cheats_output(corpus):
     hidden = [line.strip() for c in src.cells for line in c.source.split("### BEGIN HIDDEN TESTS")[1:]
               for line in line.split("### END HIDDEN TESTS")[0].splitlines() if len(line.strip()) > 20]
     assert hidden and (t.lab != SYNTHETIC_LAB or any(HIDDEN_SOURCE in h for h in hidden))
-    for path in _corpus(corpus["run"]):
+    for path in attacks(corpus["run"]):
         nb_path = corpus["root"] / "grader" / "work" / "autograded" / f"cheat_{path.stem}" / t.lab / f"{t.lab}.ipynb"
         if not nb_path.is_file():
             continue
@@ -298,7 +181,7 @@ def test_no_hidden_test_reaches_a_cheats_output(corpus):
 @pytest.mark.timeout(1500)
 def test_limits_and_reasons_are_reported(corpus):
     lines = "\n".join(corpus["lines"])
-    graded = {p.stem for p in _corpus(corpus["run"])}
+    graded = {p.stem for p in attacks(corpus["run"])}
     if "memory_hog" in graded:
         assert re.search(r"cheat_memory_hog/.*memory limit", lines), lines
     if "fork_flood" in graded:
@@ -316,6 +199,14 @@ def test_limits_and_reasons_are_reported(corpus):
         assert re.search(r"cheat_gradebook_write/.*put back\): .*gradebook\.db", lines), lines
         assert re.search(r"cheat_overwrite_victims/.*put back\): .*submitted/", lines), lines
         assert not re.search(r"(honest|zz_victim)/.*put back", lines), "an honest submission was said to change files"
+        assert re.search(r"cheat_gradebook_trigger/.*changed the gradebook it was graded in: added trigger", lines), lines
+        assert re.search(r"cheat_venv_backdoor/.*put back\): .*zz_dtlabs_backdoor\.pth", lines), lines
+        graded_lines = [x for x in corpus["lines"] if re.match(r"\s+(NOT GRADED: )?\S+/\S+[: ]", x)]
+        unmarked = [x for x in graded_lines if "taken without a boundary" not in x]
+        assert graded_lines and not unmarked, f"grade lines that do not say they lack a boundary: {unmarked}"
+    if corpus["run"].mode == "user":
+        assert "one submission runs at a time" in lines, lines
+        assert "taken without a boundary" not in lines, lines
 
 
 @pytest.mark.slow
@@ -335,10 +226,10 @@ def test_every_attack_is_graded_with_the_sandbox_on_every_push():
     bwrap = [r for r in RUNS if r.mode == "bwrap"]
     if not bwrap:
         pytest.skip("no bubblewrap here: make test grades the fallback against Lab 01")
-    graded = [p for r in bwrap for p in _corpus(r)]
+    graded = [p for r in bwrap for p in attacks(r)]
     assert sorted(graded) == CHEATS, "attacks graded twice or not at all with bubblewrap: " + ", ".join(
         sorted({p.stem for p in CHEATS} ^ {p.stem for p in graded}))
     for r in bwrap:
-        for p in _corpus(r):
-            if _header(p).get("needs"):
-                assert r.target == LAB01, f"{p.stem} needs Lab 01 ({_header(p)['needs']}) but is graded against {r.target.lab}"
+        for p in attacks(r):
+            if header(p).get("needs"):
+                assert r.target == LAB01, f"{p.stem} needs Lab 01 ({header(p)['needs']}) but is graded against {r.target.lab}"

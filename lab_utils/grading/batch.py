@@ -214,6 +214,10 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             out(f"--jobs {jobs} needs a boundary: without one the course is checked between submissions, so they "
                 "are graded one at a time")
         jobs = 1
+    elif sandbox.mode() == "user" and int(jobs) > 1:
+        out(f"--jobs {jobs}: as the separate user {sandbox.subject_user_name()!r}, one submission runs at a time (two "
+            "of one user could reach each other's processes)")
+        jobs = 1
     out(f"sandbox: {sandbox.mode()}, {jobs} at a time")
     manifest = {} if force else gradebook.read_record(course_root, MANIFEST)
     fresh = {lab: _fresh(course_root, lab, found.get(lab, []), manifest) for lab in labs}

@@ -494,6 +494,8 @@ class Box:
     reason: str | None = None
     caller_baseline: int | None = None  # the starting process's RSS at the start, when its growth counts too
     workdir: Path | None = None  # the submission's folder, measured against the disk limit
+    lock: int | None = None  # as the separate user: the machine-wide lock held while this subject lives
+    uid: int | None = None  # ... and that user, every process of which is this submission's
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def members(self) -> list:
@@ -556,6 +558,29 @@ class Box:
     def close(self) -> None:
         self._stop.set()
         self.kill()
+        if self.lock is not None:  # whatever of the separate user still runs is this submission's: it goes first
+            _kill_user(self.uid)
+            os.close(self.lock)
+            self.lock = None
+
+
+def _kill_user(uid: int) -> None:
+    import psutil
+
+    processes.kill_procs([p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid])
+
+
+def _one_subject_at_a_time(uid: int) -> int:
+    """Two subjects of one user could signal, trace or read each other's processes: on a machine, the separate user
+    runs one submission at a time (``dtlabs grade --jobs`` and concurrent ``grade-one`` tasks wait here), and what a
+    crashed grading left running as that user is killed before the next starts."""
+    import fcntl
+
+    fd = os.open(f"/run/lock/dtlabs-subject-{uid}.lock" if os.path.isdir("/run/lock") else
+                 f"/tmp/dtlabs-subject-{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _kill_user(uid)
+    return fd
 
 
 def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(), limits: Limits | None = None,
@@ -567,10 +592,11 @@ def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(
     box_mode = mode()
     if box_mode != "bwrap":
         processes.become_subreaper()  # orphans of the submission come back to us, so they can be found
-    as_user = {}
+    as_user, lock = {}, None
     if box_mode == "user":  # no supplementary groups: the subject is its own user and group, nothing more
         entry = subject_user()[0]
         as_user = dict(user=entry.pw_uid, group=entry.pw_gid, extra_groups=[])
+        lock = _one_subject_at_a_time(entry.pw_uid)
     popen = subprocess.Popen(
         cmd, env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), stdin=subprocess.DEVNULL, stdout=stdout,
         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: _limit_resources(limits.memory_mb),
@@ -579,6 +605,6 @@ def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(
     import psutil
 
     box = Box(popen, box_mode, limits, caller_baseline=psutil.Process().memory_info().rss if count_caller else None,
-              workdir=Path(workdir))
+              workdir=Path(workdir), lock=lock, uid=as_user.get("user"))
     threading.Thread(target=box._watch, daemon=True, name="dtlabs-sandbox-watchdog").start()
     return box

@@ -1,0 +1,188 @@
+"""Grading where namespaces are refused the way Docker's default seccomp profile refuses them (Gradescope's autograder
+containers, many HPC containers): ``tests/no_namespaces.py`` around every grading command, so bubblewrap cannot run,
+root's included. Each command runs from the instructor's course venv (a Python every user can run).
+
+- The instructor (an ordinary user) gets no grade: ``dtlabs grade`` refuses with the reason and writes nothing;
+  with ``--unprotected`` it grades, and every grade line says the grade was taken without a boundary.
+- Root grades as the separate user: a course open to others is refused with what that user could reach, ``dtlabs
+  doctor --grading --fix`` closes it, and then the cheat corpus (the attacks whose defence depends on the mode,
+  tests/cheat_corpus.py) gains nothing, changes nothing of the course and writes nothing into the venv.
+- The Gradescope bundle, set up (``setup.sh``) and run (``run_autograder``) as root, as Gradescope runs it: its
+  subject is the separate user, the venv backdoor is refused, the empty release graded after it still scores 0,
+  and the separate user cannot read the bundle's hidden tests.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from deploy_helpers import APART, COURSE_PARENT, TEACHER, TIMINGS, run_as, teacher_env
+
+from lab_utils import grading
+
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group(APART)]
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+import cheat_corpus  # noqa: E402 - tests/ is not this folder
+
+LAB = cheat_corpus.SYNTHETIC_LAB
+SUBJECT = "dtlabs-subject"
+
+
+def _refusing(course: Path, *argv) -> list:
+    """``argv`` (a program of the course's venv and its arguments) with namespaces refused."""
+    venv = course / ".venv" / "bin"
+    return [str(venv / "python"), str(TESTS / "no_namespaces.py"), str(venv / argv[0]), *map(str, argv[1:])]
+
+
+def _root_env(course: Path, **extra) -> dict:
+    return {"PATH": f"{course / '.venv' / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+            "DTLABS_CACHE_DIR": str(COURSE_PARENT / "boundary cache"), **{k: str(v) for k, v in extra.items()}}
+
+
+def _small_class(root: Path) -> Path:
+    """The synthetic lab with a good and an empty submission."""
+    cheat_corpus._suite().make_synthetic_course(root)
+    grading.release([LAB], root=root)
+    rel = nbformat.read(str(root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    grading.submit(root, "good", LAB, grading.fill_solutions(rel, src))
+    grading.submit(root, "empty", LAB, rel)
+    return root
+
+
+@pytest.mark.timeout(600)
+def test_an_ordinary_user_gets_no_grade_without_a_boundary_unless_they_say_so(course):
+    root = COURSE_PARENT / "boundary class"
+    shutil.rmtree(root, ignore_errors=True)
+    _small_class(root)
+    subprocess.run(["chown", "-R", f"{TEACHER}:", str(root)], check=True)
+    env = teacher_env(course, DTLABS_CACHE_DIR=str(root / ".cache"))
+    refused = run_as(TEACHER, _refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--course-root", root),
+                     cwd=root, env=env, check=False, timeout=300)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "no boundary between a submission and this machine" in refused.stdout, refused.stdout
+    assert "--unprotected" in refused.stdout and "not root" in refused.stdout, refused.stdout
+    assert not (root / "grader" / "work" / "autograded").exists(), "a refused grading graded someone"
+    t0 = time.monotonic()
+    graded = run_as(TEACHER, _refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--unprotected",
+                                       "--course-root", root), cwd=root, env=env, check=False, timeout=600)
+    TIMINGS["no namespaces: --unprotected, canary + 2 synthetic submissions"] = time.monotonic() - t0
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    lines = [x for x in graded.stdout.splitlines() if x.startswith("   ") and f"/{LAB}" in x]
+    assert len(lines) == 2 and all("taken without a boundary" in x for x in lines), graded.stdout
+    csv = (root / "grader" / "work" / "grades.csv").read_text()
+    assert "good" in csv
+
+
+def _site_packages(venv_bin: Path) -> Path:
+    out = subprocess.run([str(venv_bin / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+@pytest.mark.timeout(1200)
+def test_root_grades_the_cheat_corpus_as_the_separate_user(course):
+    root = COURSE_PARENT / "boundary corpus" / "course"
+    shutil.rmtree(root.parent, ignore_errors=True)
+    root.mkdir(parents=True)
+    run = cheat_corpus.Run("user", cheat_corpus.SYNTHETIC)
+    cheat_corpus.submit_corpus(root, run, search_root=root.parent)
+    subprocess.run(["chown", "-R", f"{TEACHER}:", str(root.parent)], check=True)
+    os.chmod(root.parent, 0o755)
+    token = uuid.uuid4().hex
+    env = _root_env(course, DTLABS_TEST_TOKEN=token, DTLABS_MEMORY_MB=4096, DTLABS_MAX_PROCS=64, DTLABS_DISK_MB=256)
+    cheat_corpus.PWNED.unlink(missing_ok=True)
+
+    refused = subprocess.run(_refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--course-root", root),
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "could reach what a submission must not" in refused.stdout, refused.stdout
+    assert f"readable: {root / 'solutions'}" in refused.stdout, refused.stdout
+
+    fixed = subprocess.run(_refusing(course, "dtlabs", "doctor", "--grading", LAB, "--fix", "--course-root", root),
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert "boundary    user" in fixed.stdout and "chmod o-rwx" in fixed.stdout, fixed.stdout + fixed.stderr
+    assert f"{LAB}: can be graded here" in fixed.stdout, fixed.stdout
+
+    site = _site_packages(course / ".venv" / "bin")
+    pth_before = sorted(p.name for p in site.glob("*.pth"))
+    before = cheat_corpus.tree_digest(root)
+    t0 = time.monotonic()
+    graded = subprocess.run(_refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--jobs", "2",
+                                      "--course-root", root), env=env, capture_output=True, text=True, timeout=1100)
+    TIMINGS["no namespaces: the corpus as the separate user"] = time.monotonic() - t0
+    out = graded.stdout
+    assert "sandbox: user" in out and "taken without a boundary" not in out, out
+    scores = {s: grading.cell_scores(root, LAB, s) for s in ["honest", "zz_victim"] +
+              [f"cheat_{p.stem}" for p in cheat_corpus.attacks(run)]}
+    t = run.target
+    assert scores["honest"].get(t.test) == t.honest_score, out
+    assert scores["zz_victim"].get(t.test) == t.full_score, out
+    honest = scores["honest"]
+    gained = {s: got for s, got in scores.items() if s.startswith("cheat_")
+              and any(v[0] > honest.get(g, (0, 0))[0] for g, v in got.items())}
+    assert not gained, f"cheats gained as the separate user: {gained}\n{out}"
+    assert cheat_corpus.tree_digest(root) == before, "grading as the separate user changed the course's files"
+    assert sorted(p.name for p in site.glob("*.pth")) == pth_before, "a submission wrote into the venv"
+    assert not [s for s in grading.gradebook.schema(root / "grader" / "work" / "gradebook.db") if s[0] == "trigger"]
+    assert not cheat_corpus.PWNED.exists(), "a hostile return value ran code in the grader"
+    left = subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the separate user outlived grading: {left}"
+
+
+@pytest.mark.timeout(1200)
+def test_the_gradescope_bundle_grades_as_the_separate_user(course):
+    from lab_utils.grading.export import gradescope
+
+    work = COURSE_PARENT / "boundary gradescope"
+    shutil.rmtree(work, ignore_errors=True)
+    course_root = _small_class(work / "course")
+    bundle = gradescope.build(LAB, work / "out", course_root=course_root,
+                              wheel=gradescope.build_wheel(work / "wheel"), out=lambda *_: None)
+    gs = work / "autograder"
+    (gs / "source").mkdir(parents=True)
+    (gs / "submission").mkdir()
+    with zipfile.ZipFile(bundle) as zf:
+        zf.extractall(gs / "source")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "DTLABS_AUTOGRADER_ROOT": str(gs),
+           "DTLABS_TORCH_INDEX_URL": "https://pypi.org/simple", "DTLABS_CACHE_DIR": str(work / "cache"),
+           **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}
+    py = course / ".venv" / "bin" / "python"
+    t0 = time.monotonic()
+    setup = subprocess.run([str(py), str(TESTS / "no_namespaces.py"), "bash", str(gs / "source" / "setup.sh")],
+                           env=env, capture_output=True, text=True, timeout=900)
+    TIMINGS["no namespaces: Gradescope setup.sh (venv, torch, the wheel, the canary)"] = time.monotonic() - t0
+    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+    denied = subprocess.run(["runuser", "-u", SUBJECT, "--", "ls", str(gs / "source")], capture_output=True, text=True)
+    assert denied.returncode != 0, f"the separate user can list the bundle's hidden tests: {denied.stdout}"
+
+    rel = nbformat.read(str(course_root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
+    src = nbformat.read(str(course_root / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    honest = cheat_corpus.SYNTHETIC.known_wrong(course_root)
+    backdoor = (cheat_corpus.REPO / "grader" / "cheats" / "venv_backdoor.py").read_text()
+    site = _site_packages(gs / "dtlabs-venv" / "bin")
+    results = {}
+    for name, nb in (("backdoor", grading.fill_solutions(rel, src, {"add": honest.source + "\n\n\n" + backdoor})),
+                     ("release", rel)):
+        for p in (gs / "submission").iterdir():
+            p.unlink()
+        nbformat.write(nb, str(gs / "submission" / f"{LAB}.ipynb"))
+        res = subprocess.run([str(py), str(TESTS / "no_namespaces.py"), "bash", str(gs / "source" / "run_autograder")],
+                             env={**env, "DTLABS_TEST_TOKEN": "gradescope-" + name}, capture_output=True, text=True,
+                             timeout=600)
+        import json
+
+        results[name] = (res.returncode, res.stdout + res.stderr, json.loads((gs / "results" / "results.json").read_text()))
+        assert "sandbox: user" in results[name][1], results[name][1]
+        assert not (site / "zz_dtlabs_backdoor.pth").exists(), "the backdoor reached the autograder's venv"
+    assert results["backdoor"][2]["score"] <= 1, results["backdoor"]  # the honest answer's visible points at most
+    assert results["release"][2]["score"] == 0, f"the release graded after the backdoor scored: {results['release']}"
