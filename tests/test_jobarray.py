@@ -145,3 +145,44 @@ def test_a_task_on_a_node_that_cannot_grade_the_lab_grades_no_one(synthetic_cour
     assert cli.main(["merge", str(results), "--course-root", str(root)]) == 1
     assert "NOT GRADED: ann/00_synthetic" in capsys.readouterr().out
     assert grading.cell_scores(root, LAB, "ann") == {}, "nothing of a node that cannot grade reaches the gradebook"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ids_at_the_door_of_the_array_and_a_named_student_without_a_submission(synthetic_course, tmp_path, capsys,
+                                                                                 no_leaked_processes):
+    """Issue 33: `prepare-array LAB a b ghost` refused the whole class for ghost; a newline in an id added roster
+    lines ('.' deleted the shared template, '..' wrote above the results folder, a classmate was graded twice).
+    Now ghost is MISSING (prepare, then merge), an id that breaks the rule is NOT GRADED and never a roster line or a
+    folder, a roster line edited to '.' or '..' grades nothing and deletes nothing, and the rest is graded."""
+    root = _course(synthetic_course, tmp_path, students=("ann", "bob"))
+    results = tmp_path / "results"
+    args = ["--out", str(results), "--course-root", str(root)]
+    injected = "bob\n.\n..\nann"
+    assert cli.main(["prepare-array", LAB, "ann", "ghost", injected, "=1+1", *args]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == "1", captured
+    assert jobarray.read_roster(results, LAB) == ["ann"]
+    assert f"MISSING: ghost/{LAB}" in captured.err and f"NOT GRADED: {injected!r}/{LAB} (the student id holds a " \
+        "control" in captured.err and f"NOT GRADED: '=1+1'/{LAB} (the student id begins with '='" in captured.err, \
+        captured.err
+    assert "\nbob\n" not in captured.err
+
+    template = results / LAB / "template"
+    for line in (".", "..", "x/../../escaped"):  # a roster edited by hand, or a STUDENT given to grade-one
+        (results / LAB / "roster.txt").write_text(f"{line}\n")
+        assert cli.main(["grade-one", LAB, "--task", "0", *args]) == 2
+        assert f"{line!r}/{LAB}: NOT GRADED - the student id " in capsys.readouterr().out
+        assert cli.main(["grade-one", LAB, line, *args]) == 2
+        capsys.readouterr()
+    assert (template / "grader" / "work" / "gradebook.db").is_file(), "the shared template was deleted"
+    assert sorted(p.name for p in results.iterdir()) == [LAB, "logs"] and not (tmp_path / "escaped").exists()
+    assert sorted(p.name for p in (results / LAB).iterdir()) == ["missing.txt", "roster.txt", "template"]
+
+    (results / LAB / "roster.txt").write_text("ann\n")
+    assert cli.main(["grade-one", LAB, "--task", "0", *args]) == 0
+    assert cli.main(["merge", str(results), "--course-root", str(root)]) == 1, "ghost is missing: the merge says so"
+    out = capsys.readouterr().out
+    assert f"ann/{LAB}: 3/3" in out and f"MISSING: ghost/{LAB} (named to prepare-array, but no submission)" in out, out
+    assert "merged 1 of 2" in out, out
+    assert grading.cell_scores(root, LAB, "ann") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
