@@ -359,3 +359,43 @@ def test_grade_refuses_bad_ids_at_the_door_and_grades_the_rest(synthetic_course,
     ann = rows["ann"]
     assert (float(ann["raw_score"]), float(ann["late_submission_penalty"]), float(ann["score"])) == (3.0, 2.0, 1.0), (
         "ann's time is the instructor's (25 h late: 2 points), not her own timestamp.txt", ann)
+
+
+SLEEPS = {"add": "import time\ntime.sleep(600)\n\n\ndef add(a, b):\n    return a + b\n\n\ndef twice(x):\n    return 2 * x"}
+LIMIT_S = 25  # the synthetic lab grades in seconds; a sleeping cell is stopped here long before its 180 s cell limit
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grade_stops_a_submission_at_the_course_submission_timeout(synthetic_course, tmp_path, no_leaked_processes,
+                                                                   capsys):
+    """`c.DTLabs.submission_timeout` in the course config takes effect in `dtlabs grade` (it was 1800 s, always)."""
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    from conftest import REPO
+
+    (root / "grader" / "nbgrader_config.py").write_text((REPO / "grader" / "nbgrader_config.py").read_text()
+                                                        + f"\nc.DTLabs.submission_timeout = {LIMIT_S}\n")
+    rel, src = _notebooks(root)
+    grading.submit(root, "sleepy", LAB, grading.fill_solutions(rel, src, SLEEPS))
+    cli.main(["grade", LAB, "--no-feedback", "--course-root", str(root)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "sleepy/" in x)
+    assert f"wall-clock limit: grading took over {LIMIT_S} s" in line and "3/3" not in line, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grade_one_stops_a_submission_at_the_submission_timeout_of_the_environment(synthetic_course, tmp_path,
+                                                                                  no_leaked_processes, capsys,
+                                                                                  monkeypatch):
+    """`DTLABS_SUBMISSION_TIMEOUT` takes effect in `dtlabs grade-one` (a Slurm array task)."""
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    rel, src = _notebooks(root)
+    grading.submit(root, "sleepy", LAB, grading.fill_solutions(rel, src, SLEEPS))
+    monkeypatch.setenv("DTLABS_SUBMISSION_TIMEOUT", str(LIMIT_S))
+    cli.main(["grade-one", LAB, "sleepy", "--out", str(tmp_path / "results"), "--course-root", str(root)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith(f"sleepy/{LAB}: "))
+    assert f"wall-clock limit: grading took over {LIMIT_S} s" in line and "3/3" not in line, out
