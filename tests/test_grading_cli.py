@@ -399,3 +399,17 @@ def test_grade_one_stops_a_submission_at_the_submission_timeout_of_the_environme
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith(f"sleepy/{LAB}: "))
     assert f"wall-clock limit: grading took over {LIMIT_S} s" in line and "3/3" not in line, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_validate_stops_a_notebook_at_the_submission_timeout(synthetic_course, tmp_path, no_leaked_processes):
+    """`DTLABS_SUBMISSION_TIMEOUT` takes effect in `dtlabs validate` too: a student learns before submitting that
+    grading would stop the notebook, instead of waiting out the cell limit."""
+    rel, src = _notebooks(synthetic_course)
+    sleepy = tmp_path / "sleepy.ipynb"
+    nbformat.write(grading.fill_solutions(rel, src, SLEEPS), str(sleepy))
+    run = subprocess.run([sys.executable, "-m", "lab_utils.cli", "validate", str(sleepy)], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=170, env={**os.environ, "DTLABS_SUBMISSION_TIMEOUT": str(LIMIT_S)})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"stopped after {LIMIT_S} s: grading stops a submission that runs longer" in run.stderr, run.stderr

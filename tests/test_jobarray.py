@@ -186,3 +186,64 @@ def test_ids_at_the_door_of_the_array_and_a_named_student_without_a_submission(s
     assert f"ann/{LAB}: 3/3" in out and f"MISSING: ghost/{LAB} (named to prepare-array, but no submission)" in out, out
     assert "merged 1 of 2" in out, out
     assert grading.cell_scores(root, LAB, "ann") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
+
+
+# Stands in for Slurm's sbatch where there is none: runs the script here as Slurm would on a node (each array task in
+# turn with its SLURM_* variables, its output in the --output file), prints what sbatch prints, --test-only accepts.
+FAKE_SBATCH = r"""#!/usr/bin/env bash
+array=""; output=""; testonly=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --test-only) testonly=1 ;;
+        --array=*) array="${1#--array=}" ;;
+        --output=*) output="${1#--output=}" ;;
+        --*) ;;
+        *) break ;;
+    esac
+    shift
+done
+[ "$testonly" = 1 ] && exit 0
+script="$1"; shift
+job=$(( $(cat "$0.next" 2>/dev/null || echo 100) + 1 )); echo "$job" > "$0.next"
+if [ -n "$array" ]; then
+    range="${array%%\%*}"
+    for i in $(seq "${range%-*}" "${range#*-}"); do
+        log="${output//%A/$job}"; log="${log//%a/$i}"
+        SLURM_ARRAY_JOB_ID=$job SLURM_ARRAY_TASK_ID=$i SLURM_SUBMIT_DIR="$PWD" bash "$script" "$@" >"$log" 2>&1 || true
+    done
+    echo "$job"
+    exit 0
+fi
+log="${output//%j/$job}"
+rc=0
+SLURM_JOB_ID=$job SLURM_SUBMIT_DIR="$PWD" bash "$script" "$@" >"$log" 2>&1 || rc=$?
+echo "Submitted batch job $job"
+exit "$rc"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grade_class_grades_the_students_given_and_reports_one_without_a_submission(synthetic_course, tmp_path,
+                                                                                      no_leaked_processes):
+    """`grade-class.sh --wait LAB ann bob ghost` refused the whole class at the door because ghost (on the roster)
+    submitted nothing. Now ann and bob are graded and merged, and ghost is reported MISSING (exit 1: someone is)."""
+    from conftest import REPO
+
+    root = _course(synthetic_course, tmp_path, students=("ann", "bob"))
+    shutil.copytree(REPO / "grader" / "slurm", root / "grader" / "slurm")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DTLABS_VENV": str(Path(sys.executable).parents[1])}
+    run = subprocess.run(["bash", str(root / "grader" / "slurm" / "grade-class.sh"), "--wait", LAB, "ann", "bob",
+                          "ghost"], env=env, capture_output=True, text=True, timeout=500)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert f"MISSING: ghost/{LAB}" in run.stderr, "prepare-array says so at once"
+    assert f"ann/{LAB}: 3/3" in run.stdout and f"bob/{LAB}: 3/3" in run.stdout, out
+    assert f"MISSING: ghost/{LAB} (named to prepare-array, but no submission)" in run.stdout, out
+    assert "merged 2 of 3" in run.stdout, out
+    assert {s: grading.cell_scores(root, LAB, s) for s in ("ann", "bob")} == {
+        s: {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)} for s in ("ann", "bob")}
