@@ -232,6 +232,7 @@ def test_grade_class_grades_the_students_given_and_reports_one_without_a_submiss
 
     root = _course(synthetic_course, tmp_path, students=("ann", "bob"))
     shutil.copytree(REPO / "grader" / "slurm", root / "grader" / "slurm")
+    shutil.copy(REPO / "grader" / "nbgrader_config.py", root / "grader")  # a course folder the script finds itself in
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(FAKE_SBATCH)
