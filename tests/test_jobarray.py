@@ -20,6 +20,7 @@ from conftest import SYNTHETIC_LAB as LAB
 
 from lab_utils import cli, grading
 from lab_utils.grading import jobarray
+from lab_utils.grading.boundary import ids
 
 
 def _course(synthetic_course, tmp_path, students=("ann", "bob", "cid")) -> Path:
@@ -169,10 +170,10 @@ def test_ids_at_the_door_of_the_array_and_a_named_student_without_a_submission(s
     assert "\nbob\n" not in captured.err
 
     template = results / LAB / "template"
-    for line in (".", "..", "x/../../escaped"):  # a roster edited by hand, or a STUDENT given to grade-one
+    for line in (".", "..", "x/../../escaped", "template"):  # a roster edited by hand, or a STUDENT to grade-one
         (results / LAB / "roster.txt").write_text(f"{line}\n")
         assert cli.main(["grade-one", LAB, "--task", "0", *args]) == 2
-        assert f"{line!r}/{LAB}: NOT GRADED - the student id " in capsys.readouterr().out
+        assert f"{ids.shown(line)}/{LAB}: NOT GRADED - the student id " in capsys.readouterr().out
         assert cli.main(["grade-one", LAB, line, *args]) == 2
         capsys.readouterr()
     assert (template / "grader" / "work" / "gradebook.db").is_file(), "the shared template was deleted"

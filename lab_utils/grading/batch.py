@@ -11,6 +11,12 @@ passes again. Then CSV export and feedback, as nbgrader does them.
 A re-run grades only new or changed submissions (``grader/work/graded.json`` keeps a digest of each
 submission's files and of the lab's source notebook); ``--force`` regrades all. Every line that is NOT GRADED
 or scores zero carries the reason in one line (nbgrader's or the sandbox's).
+
+Every student folder passes the door first (``boundary.ids.scan``): an id that breaks the rule, a pair that differs
+only in case, a symlinked or unreadable folder is NOT GRADED with the reason, printed escaped, never copied or
+registered. A class folder from ``--submissions`` is the students' own upload, so its ``timestamp.txt`` files are
+dropped; the submission times are the instructor's (``--timestamps``, ``read_timestamps``). A student of the
+gradebook with no submission of a lab is listed MISSING.
 """
 from __future__ import annotations
 
@@ -41,8 +47,9 @@ def read_timestamps(path: Path | str) -> dict:
     path = Path(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.DictReader(fh))
-            columns = [c.strip() for c in (rows and rows[0].keys() or [])]
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            columns = [(c or "").strip() for c in reader.fieldnames or []]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise ValueError(f"cannot read the submission times {path}: {exc}") from None
     if not {"student", "timestamp"} <= set(columns):

@@ -153,7 +153,8 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
             out(f"task {task} is not a line of {labdir / ROSTER} ({len(roster)} students: tasks 0-{len(roster) - 1})")
             return 2
         student = roster[task]
-    why = ids.problem(student)
+    why = ids.problem(student) or (f"the student id names a file of the results folder ({student})"
+                                   if student in ("template", ROSTER, MISSING) else None)
     if why:  # never a folder, never a result: said escaped
         out(f"{ids.shown(student)}/{lab}: NOT GRADED - {why}")
         return 2
