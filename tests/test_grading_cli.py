@@ -361,7 +361,8 @@ def test_grade_refuses_bad_ids_at_the_door_and_grades_the_rest(synthetic_course,
         "ann's time is the instructor's (25 h late: 2 points), not her own timestamp.txt", ann)
 
 
-SLEEPS = {"add": "import time\ntime.sleep(600)\n\n\ndef add(a, b):\n    return a + b\n\n\ndef twice(x):\n    return 2 * x"}
+SLEEPS = {"add": "import time\ntime.sleep(600)\n\n\ndef add(a, b):\n    return a + b\n\n\n"
+                 "def twice(x):\n    return 2 * x"}
 LIMIT_S = 25  # the synthetic lab grades in seconds; a sleeping cell is stopped here long before its 180 s cell limit
 
 
@@ -410,6 +411,7 @@ def test_validate_stops_a_notebook_at_the_submission_timeout(synthetic_course, t
     sleepy = tmp_path / "sleepy.ipynb"
     nbformat.write(grading.fill_solutions(rel, src, SLEEPS), str(sleepy))
     run = subprocess.run([sys.executable, "-m", "lab_utils.cli", "validate", str(sleepy)], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=170, env={**os.environ, "DTLABS_SUBMISSION_TIMEOUT": str(LIMIT_S)})
+                         text=True, cwd=tmp_path, timeout=170,
+                         env={**os.environ, "DTLABS_SUBMISSION_TIMEOUT": str(LIMIT_S)})
     assert run.returncode == 1, run.stdout + run.stderr
     assert f"stopped after {LIMIT_S} s: grading stops a submission that runs longer" in run.stderr, run.stderr

@@ -78,25 +78,26 @@ def _collect(src: Path, submitted: Path, times: dict | None) -> tuple[list[str],
     notes = []
     scanned = ids.scan(src)
     for lab, students in scanned.found.items():
+        shown = ids.shown(lab)  # a lab folder's name is the student's too
         for student in students:
             dest = submitted / student / lab
             if dest.exists():
                 shutil.rmtree(dest)
             copied = copy_submission(src / student / lab, dest)
             if copied.left_out:
-                notes.append(f"   {student}/{lab}: {copied.note()}")
+                notes.append(f"   {student}/{shown}: {copied.note()}")
             stamp = dest / STAMP
             if stamp.exists() or stamp.is_symlink():
                 stamp.unlink()
                 if times is None:
-                    notes.append(f"   {student}/{lab}: its own {STAMP} is ignored (the submission time is the "
+                    notes.append(f"   {student}/{shown}: its own {STAMP} is ignored (the submission time is the "
                                  "instructor's: --timestamps FILE)")
             if times is not None:
                 when = times.get((student, lab)) or times.get((student, None))
                 if when:
                     stamp.write_text(when)
                 else:
-                    notes.append(f"   {student}/{lab}: no submission time in --timestamps: no late penalty")
+                    notes.append(f"   {student}/{shown}: no submission time in --timestamps: no late penalty")
     return notes, scanned.refused
 
 
