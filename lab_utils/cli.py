@@ -92,6 +92,7 @@ def _grade(args) -> int:
         csv_path=args.csv,
         course_root=args.course_root,
         jobs=args.jobs,
+        timestamps=args.timestamps,
     )
 
 
@@ -102,7 +103,7 @@ def _prepare_array(args) -> int:
 
     try:
         roster = jobarray.prepare(grading.find_course_root(args.course_root), args.lab, args.out,
-                                  students=args.students or None)
+                                  students=args.students or None, out=lambda line: print(line, file=sys.stderr))
     except grading.GradingError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -224,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(copied into grader/work/submitted; default: grader/work/submitted as it is)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--submission-timeout", type=float, default=None,
-                   help="wall-clock limit for grading one submission (default 1800 s)")
+                   help="wall-clock limit for grading one submission (default c.DTLabs.submission_timeout, 1800 s)")
+    s.add_argument("--timestamps", metavar="CSV",
+                   help="the submission times of --submissions DIR, from the LMS (a CSV with the columns student, "
+                        "timestamp and optionally lab): a student's own timestamp.txt is never used; without this, "
+                        "no late penalty")
     s.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
     s.add_argument("--force", action="store_true", help="regrade every submission, changed or not")
     s.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
@@ -248,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, metavar="DIR", help="results folder (then: dtlabs merge DIR)")
     s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 180)")
     s.add_argument("--submission-timeout", type=float, default=None,
-                   help="wall-clock limit for grading the submission (default 1800 s)")
+                   help="wall-clock limit for grading the submission (default c.DTLabs.submission_timeout, 1800 s)")
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
     s.set_defaults(func=_grade_one)
 

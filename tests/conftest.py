@@ -245,11 +245,13 @@ def graded_class(tmp_path_factory):
             (folder / f"{SYNTHETIC_LAB}.ipynb").write_text("{ this is not a notebook")
         else:
             nbformat.write(answers[what], str(folder / f"{SYNTHETIC_LAB}.ipynb"))
-        if stamp:
-            (folder / "timestamp.txt").write_text(stamp)
+    # the submission times come from the instructor (the LMS's), never from a student's own timestamp.txt
+    times = base / "times.csv"
+    times.write_text("student,timestamp\n" + "".join(f"{s},{stamp}\n" for s, (_, stamp, how) in CLASS.items()
+                                                      if stamp and how == "grade"))
     lines = []
     code = grading.grade([SYNTHETIC_LAB], course_root=root, submissions_dir=inbox, feedback=False, out=lines.append,
-                         progress=False)
+                         progress=False, timestamps=times)
     assert code == 1, "dan's notebook is unreadable: grade must say so\n" + "\n".join(lines)
     shutil.copytree(array, root / "grader" / "work" / "submitted", dirs_exist_ok=True)
     results = base / "results"

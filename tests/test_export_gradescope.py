@@ -290,3 +290,20 @@ def test_lab01_bundle_grades_a_cheat_as_the_honest_answer_underneath(tmp_path, w
         for line in cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0].split("\n"):
             if len(line.strip()) >= 12:
                 assert line.strip() not in text and line.strip() not in out, line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_bundle_stops_a_submission_at_the_submission_timeout(synthetic_bundle, tmp_path, no_leaked_processes):
+    """`DTLABS_SUBMISSION_TIMEOUT` (as `c.DTLabs.submission_timeout`) takes effect in the bundle, as in `dtlabs grade`
+    and `grade-one` (tests/test_grading_cli.py)."""
+    course, zip_path = synthetic_bundle
+    rel, src = _notebooks(course)
+    root = unpack(zip_path, tmp_path / "sleepy")
+    nbformat.write(grading.fill_solutions(rel, src, {"add": "import time\ntime.sleep(600)\n\n\ndef add(a, b):\n    "
+                                                            "return a + b\n\n\ndef twice(x):\n    return 2 * x"}),
+                   str(root / "submission" / f"{LAB}.ipynb"))
+    code, out, results, text = finish(start(root, env={"DTLABS_SUBMISSION_TIMEOUT": "25"}), root)
+    assert code == 0, out
+    assert "wall-clock limit: grading took over 25 s" in results["output"] + out and results["score"] < 3.0, out
+    assert results["execution_time"] < 170, "stopped at 25 s, long before the 180 s cell limit"

@@ -297,3 +297,121 @@ def test_starting_the_sandbox_is_not_cut_short_by_the_per_cell_limit(tmp_path, m
         assert ex.timeout_func(preamble) == START_TIMEOUT_S
         assert ex.timeout_func(answer) == 5, "a student's cell keeps the instructor's limit"
     assert nb.cells == [answer] and ex.timeout_func is None
+
+
+FORGED_ROW = "mallory,\n00_synthetic,,,victim,,,,10.0,0.0,10.0,3.0"  # forged a grades.csv row with nbgrader's exporter
+ESCAPES = "eve\x1b[1A\x1b[2K\r   eve: 10 of 10"  # drew a fake grade over the NOT GRADED line above it
+FORMULA = '=HYPERLINK("evil.example","10")'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grade_refuses_bad_ids_at_the_door_and_grades_the_rest(synthetic_course, tmp_path, no_leaked_processes,
+                                                                capsys):
+    """Issue 33's attacks through `dtlabs grade --submissions`: forged, formula, escape-code and case-pair ids and a
+    symlinked folder are NOT GRADED with the reason, shown escaped, never in the gradebook or grades.csv; the
+    submission time is the instructor's (--timestamps), not the student's own timestamp.txt; an unreadable notebook
+    in a course with a due date gets its true reason, not a tampering verdict; a student of the gradebook without a
+    submission is MISSING; the rest is graded and grades.csv is quoted."""
+    from conftest import LATE_POLICY, REPO
+
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    (root / "grader" / "nbgrader_config.py").write_text((REPO / "grader" / "nbgrader_config.py").read_text()
+                                                        + LATE_POLICY)  # due 2030-01-10 12:00, a point a day late
+    grading.register_students(root, ["ghost"])  # on the class list, submitted nothing
+    rel, src = _notebooks(root)
+    good = grading.fill_solutions(rel, src)
+    inbox = tmp_path / "inbox"
+    for student in ("ann", FORGED_ROW, FORMULA, ESCAPES, "Bob", "bob"):
+        _write(inbox, student, good)
+    (inbox / "ann" / LAB / "timestamp.txt").write_text("2030-01-01 00:00:00 UTC")  # "I was early"
+    (inbox / "dan" / LAB).mkdir(parents=True)
+    (inbox / "dan" / LAB / f"{LAB}.ipynb").write_text("{ this is not a notebook")
+    (inbox / "linked").symlink_to(inbox / "ann")
+    times = tmp_path / "times.csv"
+    times.write_text("student,timestamp\nann,2030-01-11 13:00:00 UTC\ndan,2030-01-09 13:00:00 UTC\n")  # ann: 25 h late
+    csv_path = tmp_path / "grades.csv"
+
+    rc = cli.main(["grade", "--submissions", str(inbox), "--timestamps", str(times), "--csv", str(csv_path),
+                   "--no-feedback", "--course-root", str(root)])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "\x1b" not in out and "\n00_synthetic,,,victim" not in out, "an id reached the terminal raw"
+    for shown, why in ((repr(FORGED_ROW), "control"), (repr(FORMULA), "begins with '='"), (repr(ESCAPES), "control"),
+                       ("Bob", "differs only in case from 'bob'"), ("bob", "differs only in case from 'Bob'"),
+                       ("linked", "symbolic link")):
+        line = next((x for x in out.splitlines() if x.strip().startswith(f"NOT GRADED: {shown} (")), None)
+        assert line and why in line, f"{shown}: {line}\n{out}"
+    dan = next(x for x in out.splitlines() if "NOT GRADED: dan/" in x)
+    assert "invalid notebook" in dan and "changed the gradebook" not in dan, dan
+    assert f"MISSING: no submission of {LAB} from ghost" in out, out
+
+    from nbgrader.api import Gradebook
+
+    with Gradebook(grading.gradebook.db_url(root)) as gb:
+        assert sorted(s.id for s in gb.students) == ["ann", "dan", "ghost"], "a refused id was registered"
+    assert sorted(p.name for p in (root / "grader" / "work" / "submitted").iterdir()) == ["ann", "dan"]
+    text = csv_path.read_text()
+    assert all(line.startswith('"') for line in text.splitlines()), text
+    rows = {r["student_id"]: r for r in grading.read_grades_csv(csv_path)}
+    assert set(rows) == {"ann", "dan", "ghost"}, rows
+    ann = rows["ann"]
+    assert (float(ann["raw_score"]), float(ann["late_submission_penalty"]), float(ann["score"])) == (3.0, 2.0, 1.0), (
+        "ann's time is the instructor's (25 h late: 2 points), not her own timestamp.txt", ann)
+
+
+SLEEPS = {"add": "import time\ntime.sleep(600)\n\n\ndef add(a, b):\n    return a + b\n\n\n"
+                 "def twice(x):\n    return 2 * x"}
+LIMIT_S = 25  # the synthetic lab grades in seconds; a sleeping cell is stopped here long before its 180 s cell limit
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grade_stops_a_submission_at_the_course_submission_timeout(synthetic_course, tmp_path, no_leaked_processes,
+                                                                   capsys):
+    """`c.DTLabs.submission_timeout` in the course config takes effect in `dtlabs grade` (it was 1800 s, always)."""
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    from conftest import REPO
+
+    (root / "grader" / "nbgrader_config.py").write_text((REPO / "grader" / "nbgrader_config.py").read_text()
+                                                        + f"\nc.DTLabs.submission_timeout = {LIMIT_S}\n")
+    rel, src = _notebooks(root)
+    grading.submit(root, "sleepy", LAB, grading.fill_solutions(rel, src, SLEEPS))
+    cli.main(["grade", LAB, "--no-feedback", "--course-root", str(root)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "sleepy/" in x)
+    assert f"wall-clock limit: grading took over {LIMIT_S} s" in line and "3/3" not in line, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grade_one_stops_a_submission_at_the_submission_timeout_of_the_environment(synthetic_course, tmp_path,
+                                                                                  no_leaked_processes, capsys,
+                                                                                  monkeypatch):
+    """`DTLABS_SUBMISSION_TIMEOUT` takes effect in `dtlabs grade-one` (a Slurm array task)."""
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    rel, src = _notebooks(root)
+    grading.submit(root, "sleepy", LAB, grading.fill_solutions(rel, src, SLEEPS))
+    monkeypatch.setenv("DTLABS_SUBMISSION_TIMEOUT", str(LIMIT_S))
+    cli.main(["grade-one", LAB, "sleepy", "--out", str(tmp_path / "results"), "--course-root", str(root)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith(f"sleepy/{LAB}: "))
+    assert f"wall-clock limit: grading took over {LIMIT_S} s" in line and "3/3" not in line, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_validate_stops_a_notebook_at_the_submission_timeout(synthetic_course, tmp_path, no_leaked_processes):
+    """`DTLABS_SUBMISSION_TIMEOUT` takes effect in `dtlabs validate` too: a student learns before submitting that
+    grading would stop the notebook, instead of waiting out the cell limit."""
+    rel, src = _notebooks(synthetic_course)
+    sleepy = tmp_path / "sleepy.ipynb"
+    nbformat.write(grading.fill_solutions(rel, src, SLEEPS), str(sleepy))
+    run = subprocess.run([sys.executable, "-m", "lab_utils.cli", "validate", str(sleepy)], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=170,
+                         env={**os.environ, "DTLABS_SUBMISSION_TIMEOUT": str(LIMIT_S)})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"stopped after {LIMIT_S} s: grading stops a submission that runs longer" in run.stderr, run.stderr

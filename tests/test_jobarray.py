@@ -20,6 +20,7 @@ from conftest import SYNTHETIC_LAB as LAB
 
 from lab_utils import cli, grading
 from lab_utils.grading import jobarray
+from lab_utils.grading.boundary import ids
 
 
 def _course(synthetic_course, tmp_path, students=("ann", "bob", "cid")) -> Path:
@@ -145,3 +146,106 @@ def test_a_task_on_a_node_that_cannot_grade_the_lab_grades_no_one(synthetic_cour
     assert cli.main(["merge", str(results), "--course-root", str(root)]) == 1
     assert "NOT GRADED: ann/00_synthetic" in capsys.readouterr().out
     assert grading.cell_scores(root, LAB, "ann") == {}, "nothing of a node that cannot grade reaches the gradebook"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ids_at_the_door_of_the_array_and_a_named_student_without_a_submission(synthetic_course, tmp_path, capsys,
+                                                                                 no_leaked_processes):
+    """Issue 33: `prepare-array LAB a b ghost` refused the whole class for ghost; a newline in an id added roster
+    lines ('.' deleted the shared template, '..' wrote above the results folder, a classmate was graded twice).
+    Now ghost is MISSING (prepare, then merge), an id that breaks the rule is NOT GRADED and never a roster line or a
+    folder, a roster line edited to '.' or '..' grades nothing and deletes nothing, and the rest is graded."""
+    root = _course(synthetic_course, tmp_path, students=("ann", "bob"))
+    results = tmp_path / "results"
+    args = ["--out", str(results), "--course-root", str(root)]
+    injected = "bob\n.\n..\nann"
+    assert cli.main(["prepare-array", LAB, "ann", "ghost", injected, "=1+1", *args]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == "1", captured
+    assert jobarray.read_roster(results, LAB) == ["ann"]
+    assert f"MISSING: ghost/{LAB}" in captured.err and f"NOT GRADED: {injected!r}/{LAB} (the student id holds a " \
+        "control" in captured.err and f"NOT GRADED: '=1+1'/{LAB} (the student id begins with '='" in captured.err, \
+        captured.err
+    assert "\nbob\n" not in captured.err
+
+    template = results / LAB / "template"
+    for line in (".", "..", "x/../../escaped", "template"):  # a roster edited by hand, or a STUDENT to grade-one
+        (results / LAB / "roster.txt").write_text(f"{line}\n")
+        assert cli.main(["grade-one", LAB, "--task", "0", *args]) == 2
+        assert f"{ids.shown(line)}/{LAB}: NOT GRADED - the student id " in capsys.readouterr().out
+        assert cli.main(["grade-one", LAB, line, *args]) == 2
+        capsys.readouterr()
+    assert (template / "grader" / "work" / "gradebook.db").is_file(), "the shared template was deleted"
+    assert sorted(p.name for p in results.iterdir()) == [LAB, "logs"] and not (tmp_path / "escaped").exists()
+    assert sorted(p.name for p in (results / LAB).iterdir()) == ["missing.txt", "roster.txt", "template"]
+
+    (results / LAB / "roster.txt").write_text("ann\n")
+    assert cli.main(["grade-one", LAB, "--task", "0", *args]) == 0
+    assert cli.main(["merge", str(results), "--course-root", str(root)]) == 1, "ghost is missing: the merge says so"
+    out = capsys.readouterr().out
+    assert f"ann/{LAB}: 3/3" in out and f"MISSING: ghost/{LAB} (named to prepare-array, but no submission)" in out, out
+    assert "merged 1 of 2" in out, out
+    assert grading.cell_scores(root, LAB, "ann") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
+
+
+# Stands in for Slurm's sbatch where there is none: runs the script here as Slurm would on a node (each array task in
+# turn with its SLURM_* variables, its output in the --output file), prints what sbatch prints, --test-only accepts.
+FAKE_SBATCH = r"""#!/usr/bin/env bash
+array=""; output=""; testonly=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --test-only) testonly=1 ;;
+        --array=*) array="${1#--array=}" ;;
+        --output=*) output="${1#--output=}" ;;
+        --*) ;;
+        *) break ;;
+    esac
+    shift
+done
+[ "$testonly" = 1 ] && exit 0
+script="$1"; shift
+job=$(( $(cat "$0.next" 2>/dev/null || echo 100) + 1 )); echo "$job" > "$0.next"
+if [ -n "$array" ]; then
+    range="${array%%\%*}"
+    for i in $(seq "${range%-*}" "${range#*-}"); do
+        log="${output//%A/$job}"; log="${log//%a/$i}"
+        SLURM_ARRAY_JOB_ID=$job SLURM_ARRAY_TASK_ID=$i SLURM_SUBMIT_DIR="$PWD" bash "$script" "$@" >"$log" 2>&1 || true
+    done
+    echo "$job"
+    exit 0
+fi
+log="${output//%j/$job}"
+rc=0
+SLURM_JOB_ID=$job SLURM_SUBMIT_DIR="$PWD" bash "$script" "$@" >"$log" 2>&1 || rc=$?
+echo "Submitted batch job $job"
+exit "$rc"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grade_class_grades_the_students_given_and_reports_one_without_a_submission(synthetic_course, tmp_path,
+                                                                                      no_leaked_processes):
+    """`grade-class.sh --wait LAB ann bob ghost` refused the whole class at the door because ghost (on the roster)
+    submitted nothing. Now ann and bob are graded and merged, and ghost is reported MISSING (exit 1: someone is)."""
+    from conftest import REPO
+
+    root = _course(synthetic_course, tmp_path, students=("ann", "bob"))
+    shutil.copytree(REPO / "grader" / "slurm", root / "grader" / "slurm")
+    shutil.copy(REPO / "grader" / "nbgrader_config.py", root / "grader")  # a course folder the script finds itself in
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DTLABS_VENV": str(Path(sys.executable).parents[1])}
+    run = subprocess.run(["bash", str(root / "grader" / "slurm" / "grade-class.sh"), "--wait", LAB, "ann", "bob",
+                          "ghost"], env=env, capture_output=True, text=True, timeout=500)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert f"MISSING: ghost/{LAB}" in run.stderr, "prepare-array says so at once"
+    assert f"ann/{LAB}: 3/3" in run.stdout and f"bob/{LAB}: 3/3" in run.stdout, out
+    assert f"MISSING: ghost/{LAB} (named to prepare-array, but no submission)" in run.stdout, out
+    assert "merged 2 of 3" in run.stdout, out
+    assert {s: grading.cell_scores(root, LAB, s) for s in ("ann", "bob")} == {
+        s: {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)} for s in ("ann", "bob")}

@@ -6,12 +6,14 @@
 # Run it as the instructor on a login node; it works from the course folder it lives in. In order:
 #   1. `dtlabs prepare-array LAB --out RESULTS`: records LAB in the course's gradebook, snapshots it as the tasks'
 #      template (so no task pays for that), writes RESULTS/LAB/roster.txt (the students given, else everyone who
-#      submitted LAB under grader/work/submitted/) and creates RESULTS/logs/ for the tasks' logs;
+#      submitted LAB under grader/work/submitted/) and creates RESULTS/logs/ for the tasks' logs. A student given
+#      without a submission is reported MISSING (here and by the merge) and an id that breaks the rule NOT GRADED;
+#      both are left off the roster, and the rest of the class is graded;
 #   2. `sbatch --test-only`: a task the partition can never run (more CPUs or memory than any of its nodes has)
 #      is refused here with the partition's sizes, instead of pending for ever;
 #   3. the array (grade_array.sbatch, one task per roster line) and the merge after it (merge.sbatch,
 #      --dependency=afterany), and prints both job ids. With --wait it waits for the merge, prints its log and exits
-#      with its code (0: everyone merged; 1: someone NOT GRADED, with the reason).
+#      with its code (0: everyone merged; 1: someone NOT GRADED or MISSING, with the reason).
 # Then `dtlabs grade LAB` grades only what the array did not (nothing, if all merged), exports grades.csv and
 # writes the feedback.
 #

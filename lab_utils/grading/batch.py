@@ -11,6 +11,12 @@ passes again. Then CSV export and feedback, as nbgrader does them.
 A re-run grades only new or changed submissions (``grader/work/graded.json`` keeps a digest of each
 submission's files and of the lab's source notebook); ``--force`` regrades all. Every line that is NOT GRADED
 or scores zero carries the reason in one line (nbgrader's or the sandbox's).
+
+Every student folder passes the door first (``boundary.ids.scan``): an id that breaks the rule, a pair that differs
+only in case, a symlinked or unreadable folder is NOT GRADED with the reason, printed escaped, never copied or
+registered. A class folder from ``--submissions`` is the students' own upload, so its ``timestamp.txt`` files are
+dropped; the submission times are the instructor's (``--timestamps``, ``read_timestamps``). A student of the
+gradebook with no submission of a lab is listed MISSING.
 """
 from __future__ import annotations
 
@@ -23,44 +29,99 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from lab_utils.grading import canary, gradebook, outcomes
-from lab_utils.grading.boundary import sandbox
-from lab_utils.grading.course import WORK, discover_labs, find_course_root, submissions
+from lab_utils.grading.boundary import ids, sandbox
+from lab_utils.grading.course import WORK, discover_labs, find_course_root
 from lab_utils.grading.boundary.guard import Guard, GuardError, startup_watch
-from lab_utils.grading.nbgrader_run import run_nbgrader
+from lab_utils.grading.nbgrader_run import load_config, run_nbgrader
 from lab_utils.grading.boundary.files import copy_submission
-from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, Result, grade_submission
+from lab_utils.grading.submission import Result, grade_submission
 
-def _collect(src: Path, submitted: Path) -> list[str]:
-    """Copy a class folder (<student>/<lab>/...) into the course's submitted/ as data: every student's folder with
-    ``files.copy_submission`` (no link followed). Returns a line for each student whose folder lost something."""
+def read_timestamps(path: Path | str) -> dict:
+    """The instructor's submission times (``--timestamps FILE``): a CSV with a header naming the columns ``student``
+    and ``timestamp`` (and ``lab``, where one student's labs differ). Returns (student, lab or None) -> the time as
+    written, each checked as nbgrader parses ``timestamp.txt``. ``ValueError`` says which row is wrong."""
+    import csv
+
+    from nbgrader.utils import parse_utc
+
+    path = Path(path)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            columns = [(c or "").strip() for c in reader.fieldnames or []]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"cannot read the submission times {path}: {exc}") from None
+    if not {"student", "timestamp"} <= set(columns):
+        raise ValueError(f"{path}: no column 'student' and 'timestamp' in its header (it has: {', '.join(columns)}); "
+                         "e.g. student,timestamp / ann,2025-10-01 23:12:00 UTC")
+    times = {}
+    for n, row in enumerate(rows, start=2):
+        row = {(k or "").strip(): (v or "").strip() for k, v in row.items()}
+        try:
+            parse_utc(row["timestamp"])
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"{path}, row {n}: {row['timestamp']!r} is not a time nbgrader reads: {exc}") from None
+        times[(row["student"], row.get("lab") or None)] = row["timestamp"]
+    return times
+
+
+STAMP = "timestamp.txt"  # nbgrader's submission time, beside the notebook
+
+
+def _collect(src: Path, submitted: Path, times: dict | None) -> tuple[list[str], list]:
+    """Copy a class folder (<student>/<lab>/...) into the course's submitted/ as data: every student folder that
+    passes the door (``ids.scan``: a real folder named by a valid id) with ``files.copy_submission`` (no link
+    followed). The student's own ``timestamp.txt`` is never kept: the submission time is the instructor's
+    (``times``, from ``--timestamps``) or none. Returns (a line for each student whose folder lost something,
+    what the door refused: (student as shown, lab or None, reason))."""
     notes = []
-    for student in sorted(p for p in src.iterdir() if p.is_dir() and not p.is_symlink()):
-        for lab in sorted(p for p in student.iterdir() if p.is_dir() and not p.is_symlink()):
-            dest = submitted / student.name / lab.name
+    scanned = ids.scan(src)
+    for lab, students in scanned.found.items():
+        shown = ids.shown(lab)  # a lab folder's name is the student's too
+        for student in students:
+            dest = submitted / student / lab
             if dest.exists():
                 shutil.rmtree(dest)
-            copied = copy_submission(lab, dest)
+            copied = copy_submission(src / student / lab, dest)
             if copied.left_out:
-                notes.append(f"   {student.name}/{lab.name}: {copied.note()}")
-        for link in (p for p in student.iterdir() if p.is_symlink()):
-            notes.append(f"   {student.name}/{link.name}: not copied from the submission: a symbolic link")
-    return notes
+                notes.append(f"   {student}/{shown}: {copied.note()}")
+            stamp = dest / STAMP
+            if stamp.exists() or stamp.is_symlink():
+                stamp.unlink()
+                if times is None:
+                    notes.append(f"   {student}/{shown}: its own {STAMP} is ignored (the submission time is the "
+                                 "instructor's: --timestamps FILE)")
+            if times is not None:
+                when = times.get((student, lab)) or times.get((student, None))
+                if when:
+                    stamp.write_text(when)
+                else:
+                    notes.append(f"   {student}/{shown}: no submission time in --timestamps: no late penalty")
+    return notes, scanned.refused
 
 
 # ------------------------------------------------------------------------------------------ what changed
 def submission_digest(course_root: Path, lab: str, student: str) -> str:
     """A digest of the submission's regular files (links and special files are never opened) and of the lab's
-    source: a re-run regrades a submission when either changed."""
+    source: a re-run regrades a submission when either changed. Each file is framed by its name's length, its name,
+    its kind, its length and its bytes, so no two different submissions give the same stream."""
     sub = course_root / WORK / "submitted" / student / lab
     h = hashlib.sha256()
+
+    def frame(*parts: bytes) -> None:
+        for part in parts:
+            h.update(len(part).to_bytes(8, "big") + part)
+
     for dirpath, dirnames, filenames in os.walk(sub, followlinks=False):
         dirnames.sort()
         for name in sorted(filenames):
             path = Path(dirpath, name)
             info = os.lstat(path)
-            h.update(str(path.relative_to(sub)).encode() + b"\0")
-            h.update(path.read_bytes() if stat.S_ISREG(info.st_mode) else f"<not a file: {info.st_mode:o}>".encode())
-    h.update((course_root / "solutions" / lab / f"{lab}.ipynb").read_bytes())
+            regular = stat.S_ISREG(info.st_mode)
+            frame(os.fsencode(path.relative_to(sub)), b"file" if regular else f"mode {info.st_mode:o}".encode(),
+                  path.read_bytes() if regular else b"")
+    frame(b"source", (course_root / "solutions" / lab / f"{lab}.ipynb").read_bytes())
     return h.hexdigest()
 
 
@@ -170,26 +231,46 @@ class _Batch:
 
 def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=None, lab_timeout=None,
           submission_timeout=None, force=False, feedback=True, csv_path=None, jobs=1, out=print,
-          progress=True) -> int:
+          progress=True, timestamps=None) -> int:
     """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden
-    tests).
+    tests). ``timestamps``: the instructor's submission times for ``submissions_dir`` (``read_timestamps``).
 
     Returns 0 when every submission was graded, 1 when some could not be (listed with the reason; the rest are
     graded and exported regardless), 2 when the course cannot be graded here (nothing submitted, a lab with no
     source, a canary that failed: then nothing is graded or written to the gradebook).
     """
+    from lab_utils import settings
+    from lab_utils.grading.export.late import due_date
+
     course_root = find_course_root(course_root)
     submitted = course_root / WORK / "submitted"
+    config = load_config(course_root)
+    times, refused = None, []
+    if timestamps is not None:
+        if not submissions_dir:
+            out("--timestamps gives the times of the submissions --submissions DIR brings in: pass both")
+            return 2
+        try:
+            times = read_timestamps(timestamps)
+        except ValueError as exc:
+            out(f"cannot grade: {exc}")
+            return 2
     if submissions_dir:
         src = Path(submissions_dir).resolve()
         if not src.is_dir():
             out(f"no such folder: {src}")
             return 2
         if src != submitted.resolve():
-            for note in _collect(src, submitted):
+            notes, refused = _collect(src, submitted, times)
+            for note in notes:
                 out(note)
-    found = submissions(course_root)
+    scanned = ids.scan(submitted)  # what nbgrader collect left there passes the same door
+    found = scanned.found
     labs = list(labs) if labs else sorted(found)
+    # refused at the door: NOT GRADED, never registered, shown escaped (a lab folder only if it is one being graded)
+    refused = [r for r in dict.fromkeys(refused + scanned.refused) if r[1] is None or r[1] in labs]
+    for who, lab, why in refused:
+        out(f"   NOT GRADED: {who}{'/' + lab if lab else ''} ({why})")
     if not labs:
         out(f"nothing to grade: no submissions under {submitted} (layout: <student>/<NN_topic>/<NN_topic>.ipynb)")
         return 2
@@ -200,6 +281,9 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     labs = [lab for lab in labs if lab in known]
     if not labs:
         return 2
+    if submissions_dir and times is None and any(due_date(config, lab) for lab in labs):
+        out("WARNING: a lab has a due date (c.DTLabs.due_dates), but no submission time came with --submissions: "
+            "no late penalty is charged (give the times with --timestamps FILE)")
     try:
         # the environment's setting (a course config's choice applies in its grader kernels); as a separate user,
         # checked as that user: the course's answers and gradebooks unreadable, the venv and package unwritable
@@ -225,7 +309,7 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         skipped = len(found.get(lab, [])) - len(fresh[lab])
         out(f"== {lab}: {len(found.get(lab, []))} submission(s), {len(fresh[lab])} to grade" + (
             f" ({skipped} unchanged since last graded; --force regrades them)" if skipped else ""))
-    per_submission = submission_timeout or lab_timeout or DEFAULT_SUBMISSION_TIMEOUT_S
+    per_submission = submission_timeout or lab_timeout or settings.load(config).submission_timeout
     for lab in (lab for lab in labs if fresh[lab]):  # before anything is written to the gradebook
         verdict = canary.check(course_root, lab, cell_timeout=cell_timeout, timeout=per_submission, out=out)
         if not verdict.ok:
@@ -238,6 +322,10 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             out(failed)
             return 2
         gradebook.register_students(course_root, found.get(lab, []))
+        missing = gradebook.without_submission(course_root, lab, found.get(lab, []))
+        if missing:
+            out(f"   MISSING: no submission of {lab} from {', '.join(map(ids.shown, missing))} (students of the "
+                "gradebook; grades.csv gives them 0)")
         if fresh[lab]:  # the course's gradebook now holds the lab: a snapshot of it is every submission's template
             tdir = Path(tempfile.mkdtemp(prefix=f"dtlabs-template-{lab}-"))
             scratch_dirs.append(tdir)
@@ -302,9 +390,10 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             if run.returncode != 0:
                 out(f"   feedback for {lab} incomplete:\n{run.output[-2000:]}")
         out(f"feedback: {course_root / WORK / 'feedback'}")
-    if batch.problems:
-        out(f"{len(batch.problems)} submission(s) could not be graded: " +
-            ", ".join(f"{s}/{a}" for a, s in batch.problems))
+    problems = [f"{who}{'/' + lab if lab else ''}" for who, lab, _ in refused] + [
+        f"{s}/{a}" for a, s in batch.problems]
+    if problems:
+        out(f"{len(problems)} submission(s) could not be graded: " + ", ".join(problems))
         return 1
     return 2 if unknown else 0
 

@@ -83,11 +83,8 @@ def discover_labs(root: Path | str | None = None) -> list[str]:
 
 
 def submissions(course_root: Path | str) -> dict:
-    """assignment id -> sorted student ids found in submitted/<student>/<assignment>/."""
-    base = Path(course_root) / WORK / "submitted"
-    found: dict = {}
-    if base.is_dir():
-        for student in sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()):
-            for lab in sorted(p for p in student.iterdir() if p.is_dir() and not p.is_symlink()):
-                found.setdefault(lab.name, []).append(student.name)
-    return found
+    """assignment id -> sorted student ids found in submitted/<student>/<assignment>/: only real folders named by a
+    valid student id (``boundary.ids.scan`` says why each other one is refused)."""
+    from lab_utils.grading.boundary import ids
+
+    return ids.scan(Path(course_root) / WORK / "submitted").found

@@ -174,6 +174,24 @@ def register_students(course_root: Path | str, students) -> None:
             gb.update_or_create_student(s)
 
 
+def without_submission(course_root: Path | str, lab: str, submitters) -> list[str]:
+    """The gradebook's students who have no submission of ``lab`` among ``submitters`` and no grade of it: missing
+    (nbgrader's CSV gives them 0, which must not read as a grade)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    submitters = set(submitters)
+    out = []
+    with Gradebook(db_url(course_root)) as gb:
+        for student in gb.students:
+            if student.id in submitters:
+                continue
+            try:
+                gb.find_submission(lab, student.id)
+            except MissingEntry:
+                out.append(student.id)
+    return sorted(out)
+
+
 EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")  # what `nbgrader submit` adds beside a notebook
 
 

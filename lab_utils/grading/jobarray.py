@@ -5,6 +5,7 @@ so each leaves its state in a results folder on a filesystem every node sees::
 
     RESULTS/<lab>/roster.txt              line i: the student array task i grades (``prepare``; without one, a
                                           merge expects everyone who submitted the lab)
+    RESULTS/<lab>/missing.txt             students named to ``prepare`` with no submission: the merge reports them
     RESULTS/<lab>/template/               the course's gradebook holding the lab, snapshotted once (``prepare``)
     RESULTS/<lab>/<student>/task.json     which task graded it, where and when it started (``grade_one``)
     RESULTS/<lab>/<student>/result.json   its points and reasons, written last and atomically (``grade_one``)
@@ -18,6 +19,10 @@ wrote a result (cancelled, out of time, node lost) is NOT GRADED with what its t
 missing, unless the gradebook already holds the grade of that very submission (``dtlabs grade`` or an earlier
 merge graded it, and it has not changed since), which then stands. It records what it merged in ``graded.json`` as
 ``dtlabs grade`` does, so a later ``dtlabs grade`` regrades only what the array did not grade.
+
+Every student id passes the door of ``boundary.ids`` first (``prepare``, ``grade_one``, ``merge``): one that breaks
+the rule is NOT GRADED, printed escaped, and never becomes a roster line, a folder or a gradebook row. A named
+student without a submission is reported missing; the rest of the class is prepared and graded.
 """
 from __future__ import annotations
 
@@ -29,13 +34,16 @@ import sys
 import time
 from pathlib import Path
 
+from lab_utils import settings
 from lab_utils.grading import canary, gradebook, outcomes
-from lab_utils.grading.boundary import sandbox
+from lab_utils.grading.boundary import ids, sandbox
 from lab_utils.grading.batch import MANIFEST, record_lab, submission_digest
 from lab_utils.grading.course import WORK, GradingError, discover_labs, submissions
-from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, grade_submission, prepare_template
+from lab_utils.grading.nbgrader_run import load_config
+from lab_utils.grading.submission import grade_submission, prepare_template
 
 ROSTER = "roster.txt"
+MISSING = "missing.txt"
 RESULT = "result.json"
 TASK = "task.json"
 
@@ -54,6 +62,13 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def _read_lines(path: Path) -> list[str]:
+    """The non-empty lines of ``path`` ([] when it is missing); ``OSError`` when it cannot be read."""
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
 def read_roster(results: Path, lab: str) -> list[str]:
     path = Path(results) / lab / ROSTER
     try:
@@ -70,20 +85,32 @@ def expected_students(course_root: Path, results: Path, lab: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ prepare (login node)
-def prepare(course_root: Path, lab: str, results: Path, students=None) -> list[str]:
+def prepare(course_root: Path, lab: str, results: Path, students=None, out=print) -> list[str]:
     """Record ``lab`` in the course's gradebook, snapshot it as every task's template, write the roster.
 
-    ``students`` defaults to everyone with a submission of ``lab``. Returns the roster (task i grades line i)."""
+    ``students`` defaults to everyone with a submission of ``lab``. A named student whose id breaks the rule is NOT
+    GRADED, one without a submission is missing (``missing.txt``, for the merge): both are said through ``out`` and
+    left off the roster, and the rest are prepared. Returns the roster (task i grades line i)."""
     course_root, results = Path(course_root).resolve(), Path(results).resolve()
     if lab not in discover_labs(course_root):
         raise GradingError(f"no solutions/{lab}/{lab}.ipynb in {course_root} (labs: {discover_labs(course_root)})")
-    submitted = submissions(course_root).get(lab, [])
-    roster = list(dict.fromkeys(students)) if students else submitted
-    missing = [s for s in roster if s not in submitted]
-    if missing:
-        raise GradingError(f"no submission of {lab} for {missing} under {course_root / WORK / 'submitted'}")
+    scanned = ids.scan(course_root / WORK / "submitted")
+    for who, lab_, why in scanned.refused:
+        if lab_ in (None, lab):
+            out(f"NOT GRADED: {who}{'/' + lab_ if lab_ else ''} ({why})")
+    submitted = scanned.found.get(lab, [])
+    named = list(dict.fromkeys(students or []))
+    bad = ids.refusals(named)
+    for student in named:
+        if student in bad:
+            out(f"NOT GRADED: {ids.shown(student)}/{lab} ({bad[student]})")
+    missing = [s for s in named if s not in bad and s not in submitted]
+    for student in missing:
+        out(f"MISSING: {student}/{lab} (no submission under {course_root / WORK / 'submitted' / student / lab})")
+    roster = [s for s in named if s not in bad and s not in missing] if students else submitted
     if not roster:
-        raise GradingError(f"nothing to grade: no submission of {lab} under {course_root / WORK / 'submitted'}")
+        raise GradingError(f"nothing to grade: no submission of {lab} under {course_root / WORK / 'submitted'}" +
+                           (" from the students named" if students else ""))
     failed = record_lab(course_root, lab)
     if failed:
         raise GradingError(failed)
@@ -94,6 +121,9 @@ def prepare(course_root: Path, lab: str, results: Path, students=None) -> list[s
     shutil.copy2(course_root / WORK / "gradebook.db", template / WORK / "gradebook.db")
     (template / "source.sha256").write_text(gradebook.source_digest(course_root, lab))
     (labdir / ROSTER).write_text("".join(f"{s}\n" for s in roster))
+    (labdir / MISSING).unlink(missing_ok=True)
+    if missing:
+        (labdir / MISSING).write_text("".join(f"{s}\n" for s in missing))
     (results / "logs").mkdir(parents=True, exist_ok=True)
     return roster
 
@@ -111,8 +141,11 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
               cell_timeout=None, submission_timeout=None, out=print) -> int:
     """Grade one submission into ``RESULTS/<lab>/<student>/`` (the student, or roster line ``task``).
 
-    Exit code: 0 graded, 1 not graded (the reason is in result.json and printed), 2 bad arguments."""
+    Exit code: 0 graded, 1 not graded (the reason is in result.json and printed), 2 bad arguments (an id that breaks
+    the rule among them). ``submission_timeout`` defaults to ``c.DTLabs.submission_timeout``."""
     course_root, results = Path(course_root).resolve(), Path(results).resolve()
+    if submission_timeout is None:
+        submission_timeout = settings.load(load_config(course_root)).submission_timeout
     labdir = results / lab
     if student is None:
         roster = read_roster(results, lab)
@@ -120,6 +153,11 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
             out(f"task {task} is not a line of {labdir / ROSTER} ({len(roster)} students: tasks 0-{len(roster) - 1})")
             return 2
         student = roster[task]
+    why = ids.problem(student) or (f"the student id names a file of the results folder ({student})"
+                                   if student in ("template", ROSTER, MISSING) else None)
+    if why:  # never a folder, never a result: said escaped
+        out(f"{ids.shown(student)}/{lab}: NOT GRADED - {why}")
+        return 2
     sdir = labdir / student
     # a rerun or a requeued task starts clean: the old result goes first, so a crash cannot leave it behind
     (sdir / RESULT).unlink(missing_ok=True)
@@ -139,7 +177,7 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
         # as `dtlabs grade` does: this node grades no one until the lab's solution and release grade right here
         # (the first task of a user on a node grades them; the others read its verdict)
         verdict = canary.check(course_root, lab, cell_timeout=cell_timeout,
-                               timeout=submission_timeout or DEFAULT_SUBMISSION_TIMEOUT_S, out=out)
+                               timeout=submission_timeout, out=out)
         if not verdict.ok:
             reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {verdict.explain()}")
     result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": reasons, **record}
@@ -160,8 +198,10 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
 def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, cell_timeout, submission_timeout,
            out) -> dict:
     """The grading itself, with the template prepared once (or this task's own when there is none or it is stale)."""
-    if not (course_root / WORK / "submitted" / student / lab).is_dir():
-        raise GradingError(f"no submission at {course_root / WORK / 'submitted' / student / lab}")
+    scanned = ids.scan(course_root / WORK / "submitted")  # the door dtlabs grade and prepare use
+    if student not in scanned.found.get(lab, []):
+        why = next((w for who, lab_, w in scanned.refused if who == student and lab_ in (None, lab)), None)
+        raise GradingError(why or f"no submission at {course_root / WORK / 'submitted' / student / lab}")
     template = labdir / "template"
     stamp = template / "source.sha256"
     if not (stamp.is_file() and stamp.read_text() == gradebook.source_digest(course_root, lab)):
@@ -169,7 +209,7 @@ def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, 
         template = prepare_template(course_root, lab, sdir / "template")
     digest = submission_digest(course_root, lab, student)
     res = grade_submission(course_root, lab, student, template, cell_timeout=cell_timeout,
-                           timeout=submission_timeout or DEFAULT_SUBMISSION_TIMEOUT_S, scratch=sdir / "scratch")
+                           timeout=submission_timeout, scratch=sdir / "scratch")
     # the machine's fault (its sandbox never started) is never a grade: NOT GRADED, with the reason
     return {"template": str(template), "digest": digest, "graded": res.graded and not res.environment,
             "points": list(res.points), "reasons": res.reasons, "seconds": round(res.seconds, 1)}
@@ -220,10 +260,19 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
         if failed:
             out(failed)
             return 2
-        gradebook.register_students(course_root, roster)
+        refused = ids.refusals(roster)  # a roster edited by hand passes the door too
+        gradebook.register_students(course_root, [s for s in roster if s not in refused])
         manifest = gradebook.read_record(course_root, MANIFEST)
         out(f"== {lab}: {len(roster)} student(s) to merge from {results / lab}")
-        for student in roster:
+        for student, why in refused.items():
+            bad.append(f"{lab}/{ids.shown(student)}")
+            out(f"   NOT GRADED: {ids.shown(student)}/{lab} ({why})")
+        for student in _read_lines(results / lab / MISSING):
+            if gradebook.cell_scores(course_root, lab, student):
+                continue  # it came later, and is graded
+            bad.append(f"{lab}/{ids.shown(student)}")
+            out(f"   MISSING: {ids.shown(student)}/{lab} (named to prepare-array, but no submission)")
+        for student in (s for s in roster if s not in refused):
             sdir = results / lab / student
             info = _read_json(sdir / RESULT)
             key = f"{lab}/{student}"
@@ -256,5 +305,5 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
             out(f"   NOT GRADED: {student}/{lab} ({why})")
         gradebook.write_record(course_root, MANIFEST, manifest)
     out(f"merged {merged} of {merged + kept + len(bad)}" + (f", kept {kept}" if kept else "") +
-        (f"; NOT GRADED: {', '.join(bad)}" if bad else ""))
+        (f"; NOT GRADED or missing: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0

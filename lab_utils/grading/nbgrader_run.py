@@ -62,6 +62,7 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
     )
 
     from lab_utils import settings
+    from lab_utils.grading.export.csvfile import GradesCsvExporter
     from lab_utils.grading.export.late import DueDates
     from lab_utils.grading.feedback import HideHiddenTests
     from lab_utils.grading.split.execute import SplitExecute, execution_config
@@ -90,6 +91,9 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
     # Feedback must not show hidden tests (feedback.py); in the config, it applies to `nbgrader generate_feedback`
     # and the formgrader alike.
     c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+    # `nbgrader export` (grades.csv): every field quoted, no cell a spreadsheet formula (export/csvfile.py); nbgrader's
+    # CsvExportPlugin quotes nothing, so an id with a comma and a newline forged a row
+    c.ExportApp.plugin_class = GradesCsvExporter
 
 
 @dataclass
@@ -171,7 +175,8 @@ def run_nbgrader(args, *, course_root=None, cell_timeout=None, timeout=None, ech
 # ------------------------------------------------------------------------------------------ warm start
 # Imported once by the server: nbgrader's entry point and what the course's config and SplitExecute import.
 _PRELOAD = ("nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbconvert.preprocessors",
-            "lab_utils.grading.split.execute", "lab_utils.grading.feedback", "lab_utils.grading.export.late")
+            "lab_utils.grading.split.execute", "lab_utils.grading.feedback", "lab_utils.grading.export.late",
+            "lab_utils.grading.export.csvfile")
 
 
 class WarmRun:

@@ -117,6 +117,17 @@ def _tampered_cells(submitted_nb: Path, template: Path, lab: str) -> list[str]:
     return out
 
 
+def _readable(notebook: Path) -> bool:
+    """Whether nbgrader can read ``notebook`` (and so runs its code)."""
+    import nbformat
+
+    try:
+        nbformat.read(str(notebook), as_version=4)
+    except Exception:  # noqa: BLE001 - whatever nbformat refuses, nbgrader refuses
+        return False
+    return True
+
+
 def _failed_cells(autograded_nb: Path) -> list[str]:
     """'test_id: Error: message' for each graded cell that failed, for a zero's reason."""
     import nbformat
@@ -164,13 +175,17 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
 
     # before it runs: the due date late.DueDates will set, from the course's config
     expected = gradebook.expected_dates(template, lab, submitted, due_date(load_config(course_root), lab))
+    # a notebook nbgrader cannot read never runs: nothing of it can change the gradebook (nbgrader records it without
+    # its due-date step), so it gets nbgrader's reason and no tampering verdict. Read before it runs: run without a
+    # sandbox, a submission could spoil its own copy afterwards.
+    ran = _readable(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb")
     run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
                        course_root=scratch, config_root=course_root, cell_timeout=cell_timeout, timeout=timeout)
     res.output = run.output
     forged = gradebook.schema_changes(scratch, made)  # before a score is read: a trigger may have written it
     if not forged:
         res.scores = gradebook.cell_scores(scratch, lab, student, auto=True)  # what merge records, nothing forged
-        forged = gradebook.tampering(scratch, lab, student, expected)
+        forged = gradebook.tampering(scratch, lab, student, expected) if ran else []
     if forged:  # a grade or late penalty it may have changed is no grade: the instructor reads why
         res.scores = {}
     reasons = [copied.note()] if copied.left_out else []

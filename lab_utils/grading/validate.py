@@ -3,12 +3,14 @@
 ``nbgrader validate`` exits 0 even when tests fail; ``validate`` here returns 1. It executes the notebook the
 way grading does (``SplitExecute``: answers in a separate student process, tests in the kernel), so a student
 sees the same verdict the autograder will give, and prints failure messages whole (nbgrader cuts them at 90
-columns, which cuts off the tutor's hint at the end of our assertions).
+columns, which cuts off the tutor's hint at the end of our assertions). A notebook that runs longer than grading
+allows one submission (``c.DTLabs.submission_timeout``) is stopped there, and told so, as grading would stop it.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -64,14 +66,29 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
         v.stream = stream
     token = uuid.uuid4().hex
     os.environ[TOKEN_VAR] = token
+    expired = threading.Event()
+
+    def expire():  # what grading does past the limit: the kernel and everything the notebook started end
+        expired.set()
+        reap(token)
+
+    timer = threading.Timer(dt.submission_timeout, expire)
+    timer.daemon = True
+    timer.start()
     try:
         v.validate_and_print(str(path))
     except Exception as exc:  # noqa: BLE001 - a notebook nbgrader cannot read is a failed validation
-        print(f"cannot validate {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        if not expired.is_set():
+            print(f"cannot validate {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
     finally:
+        timer.cancel()
         os.environ.pop(TOKEN_VAR, None)
         reap(token, grace_s=1.0)
+    if expired.is_set():
+        print(f"stopped after {dt.submission_timeout:g} s: grading stops a submission that runs longer "
+              "(c.DTLabs.submission_timeout); make the notebook faster before you submit it", file=sys.stderr)
+        return 1
     res = getattr(v, "results", {})
     return 1 if (res.get("type_changed") or res.get("changed") or res.get("failed")) else 0
 

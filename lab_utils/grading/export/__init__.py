@@ -6,6 +6,7 @@
 | gradescope  | ``dtlabs export gradescope``: the autograder zip (setup.sh, run_autograder, the lab, this package)  |
 | autograder  | inside that zip: one submission graded as ``dtlabs grade`` would, written as results.json           |
 | canvas      | ``CanvasExporter``, an nbgrader ExportPlugin: a CSV Canvas's gradebook import takes, by roster      |
+| csvfile     | every CSV quoted and formula-safe; ``GradesCsvExporter``, the course's ``nbgrader export`` (grades) |
 | late        | due dates from the course config into the gradebook, for nbgrader's late-submission plugin         |
 | report      | ``dtlabs report``: what the class got wrong, as one HTML page with its plots                       |
 

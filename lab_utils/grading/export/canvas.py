@@ -6,7 +6,9 @@ SIS Login ID, Section`` name each student as Canvas knows them, and its assignme
 (``Lab 01 (12345)``). The export keeps those five columns, adds one column per lab titled as in the roster
 (``c.DTLabs.canvas_columns``, else the roster's column named after the lab, else ``NN_topic``, which Canvas's import
 offers to create as a new assignment), then Canvas's ``Points Possible`` row, then one row per roster student.
-Students are matched by login: the gradebook's student id is the roster's ``SIS Login ID`` (case aside).
+Students are matched by login: the gradebook's student id is the roster's ``SIS Login ID`` (case aside). A
+gradebook id that breaks the id rule or differs from another only in case (``boundary.ids``) is skipped and named;
+the rest of the class is exported. Every field is quoted and formula-safe (``csvfile``).
 
 Each score is nbgrader's after its late-submission penalty (``late``), as in nbgrader's own CSV. Nothing is
 dropped silently; on stderr: students in the gradebook but not in the roster (not in the file: Canvas could not
@@ -113,6 +115,8 @@ class CanvasExporter(ExportPlugin):
 
         from lab_utils import settings
         from lab_utils.grading import outcomes
+        from lab_utils.grading.boundary import ids
+        from lab_utils.grading.export import csvfile
 
         if not self.roster:
             raise RosterError("no roster: pass --CanvasExporter.roster=ROSTER.csv (Canvas: Grades > Export)")
@@ -131,12 +135,10 @@ class CanvasExporter(ExportPlugin):
             raise RosterError(f"two labs would share a Canvas column: {header[len(IDENTITY):]} (c.DTLabs.canvas_columns)")
         wanted = {str(s) for s in self.student}  # --student: only these (roster rows of others are left out)
         students = {s.id: s for s in gradebook.students}
-        by_login: dict = {}
-        for sid in students:
-            if sid.casefold() in by_login:
-                raise RosterError(f"the gradebook's students {by_login[sid.casefold()]!r} and {sid!r} differ only in "
-                                  "case: Canvas logins cannot tell them apart")
-            by_login[sid.casefold()] = sid
+        # an id that breaks the rule, or differs from another only in case (one Canvas login), is skipped and named
+        refused = ids.refusals(list(students))
+        by_login = {sid.casefold(): sid for sid in students if sid not in refused}
+        skipped = {sid.casefold() for sid in refused}
         root = self._root()
         record = {lab: outcomes.of_lab(root, lab) if root else {} for lab in labs}
 
@@ -173,14 +175,15 @@ class CanvasExporter(ExportPlugin):
                     blank[lab] += 1
             if sid:
                 matched.add(sid)
-            else:
+            elif student[LOGIN].casefold() not in skipped:  # a skipped id's row stays, blank, and is named below
                 not_in_gradebook.append(student["Student"] or student[LOGIN] or student["ID"])
             rows.append([student[c] for c in IDENTITY] + values)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with open(dest, "w", newline="", encoding="utf-8") as fh:
-            csv.writer(fh).writerows(rows)
+        csvfile.write(dest, rows)
 
-        extra = sorted((wanted & set(students) if wanted else set(students)) - matched)
+        for sid, why in sorted(refused.items()):
+            if not wanted or sid in wanted:
+                self._say(f"SKIPPED, not in {dest.name}: the gradebook's student {ids.shown(sid)} ({why})")
+        extra = sorted((wanted & set(students) if wanted else set(students)) - matched - set(refused))
         if extra:
             self._say(f"in the gradebook but not in the roster (NOT in {dest.name}: no SIS Login ID matches them; "
                       "add them to Canvas or fix their id): " + ", ".join(
