@@ -307,8 +307,9 @@ def test_limits_and_reasons_are_reported(corpus):
         assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['run'].target.test}", lines), lines
     if "disk_flood" in graded:
         assert re.search(r"cheat_disk_flood/.*disk limit", lines), lines
-    if "huge_frame" in graded:  # refused unread, not read and then found too big
-        assert re.search(r"cheat_huge_frame/.*an answer of 1500000000 bytes", lines), lines
+    if "huge_frame" in graded:  # refused unread, not read and then found too big; the size it declared is not echoed
+        assert re.search(r"cheat_huge_frame/.*an answer over the limit of \d+ MB \(refused unread\)", lines), lines
+        assert "1500000000" not in lines, lines
     if "links_to_the_course" in graded:
         assert re.search(r"cheat_links_to_the_course/.*solution\.ipynb \(a symbolic link\)", lines), lines
     if corpus["run"].mode == "fallback":  # the guard, not luck, undid them: each line names what was put back

@@ -13,7 +13,10 @@ as ``StudentProxy`` objects (or as their value, when it is plain data):
 - names the course's own cells bound (imports, checks, references, tests) are never replaced by a student's.
 
 Everything printed over there is streamed into the cell as it happens (subject stderr arrives as stdout: a
-stderr line would fail a graded cell), and figures arrive as PNG.
+stderr line would fail a graded cell), and figures arrive as PNG. In a cell with hidden tests nothing the student's
+code produced reaches the cell: its prints and figures are dropped, and an exception it raised keeps its type but
+carries a message the grader wrote (a hidden call's arguments could be spelt out in either, and feedback and
+Gradescope show the cell's output).
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ __all__ = ["StudentProxy", "StudentError", "start_grading", "stop_grading"]
 
 INTERRUPT_GRACE_S = 3.0
 _SESSION = None  # the active _Session in a grader kernel, else None
+_HIDDEN = False  # the cell running now holds hidden tests (set before each cell: _before_cell)
+HIDDEN_MESSAGE = "the submission's code raised {} in a hidden test (its message is not shown)"
 
 
 class StudentError(RuntimeError):
@@ -47,29 +52,38 @@ class SubjectGone(RuntimeError):
 
 def _remote_exception(reply: dict) -> BaseException:
     """An exception for the grader to raise: the built-in type the student raised (ValueError stays ValueError,
-    so a test can expect it), or StudentError; its cell traceback is the student's own."""
+    so a test can expect it), or StudentError; its cell traceback is the student's own. In a cell with hidden tests
+    its message and traceback are the grader's (module docstring)."""
     ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
     launch_info = reply.get("launch")
+    hidden = _HIDDEN
     if launch_info is not None:
         from lab_utils.launcher.diagnostics import LaunchError, RankFailedError, RankTimeoutError
 
         if ename == "RankTimeoutError":
-            exc = RankTimeoutError(evalue, launch_info.get("stuck_ranks", []), {})
+            stuck = [r for r in launch_info.get("stuck_ranks", []) if isinstance(r, int)]
+            exc = RankTimeoutError("ranks of the submission did not finish in time in a hidden test" if hidden
+                                   else evalue, stuck, {})
         elif ename == "RankFailedError":
-            exc = RankFailedError(evalue, launch_info.get("rank"))
+            rank = launch_info.get("rank")
+            exc = RankFailedError(f"rank {rank} of the submission failed in a hidden test (its error is not shown)"
+                                  if hidden and isinstance(rank, int) else
+                                  "a rank of the submission failed in a hidden test (its error is not shown)"
+                                  if hidden else evalue, rank)
         else:
-            exc = LaunchError(evalue)
+            exc = LaunchError("the submission's ranks failed in a hidden test (the error is not shown)" if hidden
+                              else evalue)
     else:
         cls = getattr(builtins, ename, None)
         if isinstance(cls, type) and issubclass(cls, BaseException) and cls not in (SystemExit, GeneratorExit):
             try:
-                exc = cls(evalue)
+                exc = cls(HIDDEN_MESSAGE.format(cls.__name__) if hidden else evalue)
             except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError needs more arguments
-                exc = StudentError(f"{ename}: {evalue}")
-        else:
-            exc = StudentError(f"{ename}: {evalue}")
+                exc = StudentError(HIDDEN_MESSAGE.format(cls.__name__) if hidden else f"{ename}: {evalue}")
+        else:  # the class name is the student's to choose: not even that is shown from a hidden test
+            exc = StudentError(HIDDEN_MESSAGE.format("an exception") if hidden else f"{ename}: {evalue}")
     stb = [str(line) for line in reply.get("traceback") or []]
-    if stb:
+    if stb and not hidden:
         exc._render_traceback_ = lambda: stb  # IPython shows these lines instead of the grader's frames
     return exc
 
@@ -120,6 +134,8 @@ class _Session:
     # ---------------------------------------------------------------------------- low level
     def _write_out(self, data: bytes) -> None:
         self._tail = (getattr(self, "_tail", b"") + data)[-4096:]  # for the reason, if the subject dies
+        if _HIDDEN:  # what the student's code prints under a hidden test stays out of the cell
+            return
         sys.stdout.write(data.decode("utf-8", "replace"))
         sys.stdout.flush()
 
@@ -156,7 +172,8 @@ class _Session:
                 if any(m in tail for m in _UNMAPPABLE):
                     reason += " (a library could not be mapped; if the limit is generous, look for a noexec mount)"
             else:
-                reason = f"it exited with code {code}" if code is not None else "it stopped answering"
+                # its exit status is the submission's to choose (and a grade line can reach the student): not named
+                reason = "it exited before grading was over" if code is not None else "it stopped answering"
         self.gone_reason = reason
         self._report(reason)
         return SubjectGone(f"the student's process is gone ({reason}); nothing the submission defined can run")
@@ -199,7 +216,8 @@ class _Session:
                 try:
                     msg = self._read_msg()
                 except wire.FrameTooLarge as exc:  # refused unread: the grader's memory is not the student's
-                    self.box.kill(f"it sent an answer of {exc.size} bytes (the limit is {exc.limit >> 20} MB)")
+                    # the declared size is the submission's to choose: only the limit is named
+                    self.box.kill(f"it sent an answer over the limit of {exc.limit >> 20} MB (refused unread)")
                     raise self._dead() from None
                 except Exception as exc:  # noqa: BLE001 - a malformed answer ends the session
                     self.box.kill(f"it sent something that is not plain data ({type(exc).__name__})")
@@ -210,7 +228,7 @@ class _Session:
                     self._drain_output()
                     data = {k: v for k, v in (msg.get("data") or {}).items()
                             if k in ("text/plain", "image/png", "image/jpeg") and isinstance(v, str)}
-                    if data:
+                    if data and not _HIDDEN:
                         publish_display_data(data)
                     continue
                 if msg.get("op") == expect:
@@ -410,7 +428,12 @@ _SHARED_BEFORE: dict = {}
 
 
 def _before_cell(info) -> None:
-    """A course cell that student code also needs (imports, parameters, helpers) runs over there first."""
+    """Note whether the cell holds hidden tests; a course cell that student code also needs (imports, parameters,
+    helpers) runs over there first."""
+    global _HIDDEN
+    from lab_utils.grading.course import HIDDEN_MARKERS
+
+    _HIDDEN = HIDDEN_MARKERS[0] in (info.raw_cell or "")
     if _SESSION is None or info.raw_cell not in _SHARED_SOURCES:
         return
     from IPython import get_ipython
