@@ -16,6 +16,7 @@ course. Searching all of /tmp would damage the courses of tests running in paral
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbformat.v4 import new_markdown_cell
 from conftest import HIDDEN_SOURCE, SYNTHETIC_LAB, TEST_TOKEN_VAR, assert_no_leftovers, make_synthetic_course
 from known_wrong import read_known_wrong
 
@@ -80,6 +82,8 @@ def _beside(folder: Path, head: dict, target: Target) -> None:
         shutil.copytree(REPO / "grader" / "cheats" / head["ships"], folder, dirs_exist_ok=True)
 
 
+SVG = base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg" onload="window.DTLABS_PWNED = 8">'
+                       b'<script>window.DTLABS_PWNED = 9</script></svg>').decode()
 SEARCHED = re.compile(r'"/tmp",\s*"/home",\s*"/work",\s*"/srv"')  # the machine-wide folders attacks search
 
 
@@ -91,7 +95,7 @@ SYNTHETIC = Target(SYNTHETIC_LAB, "add", "test_add", "ignores_sign.py", (0.0, 2.
 def _header(path: Path) -> dict:
     head = {}
     for line in path.read_text().splitlines():
-        m = re.match(r"^#\s*(attack|defended-by|needs|tamper|links|ships)\s*:\s*(.*)$", line)
+        m = re.match(r"^#\s*(attack|defended-by|needs|tamper|links|ships|markdown)\s*:\s*(.*)$", line)
         if m:
             head[m.group(1)] = m.group(2).strip()
         elif not line.startswith("#"):
@@ -163,6 +167,9 @@ def _grade_corpus(root: Path, run: Run, monkeypatch) -> dict:
     for path in _corpus(run):
         head = _header(path)
         nb = grading.fill_solutions(rel, src, {target.answer: honest.source + "\n\n\n" + target.attack(path, search_root)})
+        if head.get("markdown"):  # a cell of its own after the answer, with an SVG attachment that holds script
+            at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == target.answer)
+            nb.cells.insert(at + 1, new_markdown_cell(head["markdown"], attachments={"pwn.svg": {"image/svg+xml": SVG}}))
         if head.get("tamper"):
             for cell in nb.cells:
                 meta = cell.metadata.get("nbgrader", {})
@@ -292,6 +299,70 @@ def test_no_hidden_test_reaches_a_cheats_output(corpus):
         text = "".join(str(o) for c in answers for o in c.get("outputs", []))
         leaked = [h for h in hidden if h in text]
         assert not leaked, f"[{corpus['run'].mode}, {t.lab}] {path.stem} printed a hidden test line: {leaked[0]}"
+
+
+def _autograded(corpus, path: Path):
+    lab = corpus["run"].target.lab
+    nb_path = corpus["root"] / "grader" / "work" / "autograded" / f"cheat_{path.stem}" / lab / f"{lab}.ipynb"
+    return nbformat.read(str(nb_path), as_version=4) if nb_path.is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_nothing_a_cheat_wrote_can_run_in_a_page(corpus):
+    """autograded/ (what the formgrader and feedback render) holds no HTML that could run: every markdown cell's
+    rendering passes the allow-list unchanged, attachments are raster images, outputs render as text or rasters.
+    tests/test_browser_formgrader.py opens such a submission in the formgrader and its feedback in Chromium."""
+    from lab_utils.grading.boundary.inert import RASTER, inert_markdown, render_markdown
+
+    for path in _corpus(corpus["run"]):
+        nb = _autograded(corpus, path)
+        if nb is None:
+            continue
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                assert inert_markdown(cell.source, cell.get("attachments")), (path.stem, cell.source)
+                assert "<script" not in render_markdown(cell.source, cell.get("attachments")), (path.stem, cell.source)
+            for bundle in (cell.get("attachments") or {}).values():
+                assert set(bundle) <= set(RASTER), (path.stem, set(bundle))
+            for o in cell.get("outputs", []):
+                live = set(o.get("data", {})) & {"application/javascript", "image/svg+xml", "text/markdown"}
+                assert not live, (path.stem, live)
+                assert "<script" not in str(o.get("data", {}).get("text/html", "")), (path.stem, o)
+    if "script_in_markdown" in {p.stem for p in _corpus(corpus["run"])}:
+        nb = _autograded(corpus, REPO / "grader" / "cheats" / "script_in_markdown.py")
+        assert nb is not None and any("DTLABS-MARKDOWN" in c.source for c in nb.cells if c.cell_type == "markdown"), \
+            "the cheat's markdown cell should reach autograded/, shown as text"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_nothing_student_code_said_under_a_hidden_call_reaches_an_output(corpus):
+    """A cell with hidden tests shows what the grader composed: never a print, an exception's message or a traceback
+    of the student's code (grader/cheats/hidden_args_in_exception.py spells each call's arguments out, base64, after
+    DTLEAK), neither in autograded/ nor in the feedback made from it, nor in the messages Gradescope and the report
+    read (cells.messages)."""
+
+    from lab_utils.grading.export import cells
+    from lab_utils.grading.feedback import HideHiddenTests
+
+    t = corpus["run"].target
+    graded_ids = {c.grade_id for c in cells.graded_cells(cells.source_notebook(corpus["root"], t.lab)) if c.hidden}
+    for path in _corpus(corpus["run"]):
+        nb = _autograded(corpus, path)
+        if nb is None:
+            continue
+        hidden_cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in graded_ids]
+        text = "".join(str(o) for c in hidden_cells for o in c.get("outputs", []))
+        assert "DTLEAK" not in text, f"{path.stem}: student text under a hidden call reached autograded/: {text[:2000]}"
+        said = cells.messages(nb, [])
+        assert not any("DTLEAK" in m for m in said.values()), (path.stem, said)
+        shown, _ = HideHiddenTests().preprocess(nb, {})
+        assert "DTLEAK" not in str(shown.cells), f"{path.stem}: student text under a hidden call reached feedback"
+    if "hidden_args_in_exception" in {p.stem for p in _corpus(corpus["run"])}:
+        nb = _autograded(corpus, REPO / "grader" / "cheats" / "hidden_args_in_exception.py")
+        said = cells.messages(nb, [])
+        assert any("hidden test" in said.get(g, "") for g in graded_ids), said  # the grader's own words instead
 
 
 @pytest.mark.slow
