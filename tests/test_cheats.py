@@ -358,7 +358,9 @@ def test_nothing_student_code_said_under_a_hidden_call_reaches_an_output(corpus)
         said = cells.messages(nb, [])
         assert not any("DTLEAK" in m for m in said.values()), (path.stem, said)
         shown, _ = HideHiddenTests().preprocess(nb, {})
-        assert "DTLEAK" not in str(shown.cells), f"{path.stem}: student text under a hidden call reached feedback"
+        text = "".join(str(o) for c in shown.cells if c.metadata.get("nbgrader", {}).get("grade_id") in graded_ids
+                       for o in c.get("outputs", []))
+        assert "DTLEAK" not in text, f"{path.stem}: student text under a hidden call reached feedback: {text[:2000]}"
     if "hidden_args_in_exception" in {p.stem for p in _corpus(corpus["run"])}:
         nb = _autograded(corpus, REPO / "grader" / "cheats" / "hidden_args_in_exception.py")
         said = cells.messages(nb, [])

@@ -23,6 +23,7 @@ import re
 import bleach
 from bleach.css_sanitizer import CSSSanitizer
 from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 TAGS = frozenset({
     "a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "details", "div", "dl", "dt", "em", "h1", "h2", "h3",
@@ -139,6 +140,9 @@ def _inert_outputs(outputs: list) -> list:
 
 class InertNotebook(Preprocessor):
     """The module docstring, as an nbconvert preprocessor (autograde, feedback, formgrader)."""
+
+    enabled = Bool(True, help="nbgrader registers its preprocessors as they are: on unless a config turns it off"
+                   ).tag(config=True)
 
     def preprocess(self, nb, resources):
         nb.metadata.pop("widgets", None)
