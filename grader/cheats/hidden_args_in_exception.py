@@ -1,5 +1,6 @@
 # attack: wrap the answer so that every call prints, and raises an exception whose message carries, that call's arguments base64-encoded (marked DTLEAK): a grader that passes student text on would show the student, in feedback and Gradescope's results.json, what the hidden tests ask
 # defended-by: split
+# needs: Lab 01's ring_all_reduce, called in ranks by its hidden tests (the error comes back through launch, as reported)
 import base64 as _b64
 
 

@@ -5,4 +5,5 @@
 | files   | a submission's files copied as data: no link followed, no special file, within limits         |
 | sandbox | the box a submission's code runs in: bubblewrap, or the fallback, with its limits and watchdog |
 | guard   | without bubblewrap: what a submission changed in the course, put back and named               |
+| inert   | a submitted notebook made inert: nothing in it runs in the formgrader's or the feedback page  |
 """
