@@ -338,33 +338,35 @@ def test_nothing_a_cheat_wrote_can_run_in_a_page(corpus):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_nothing_student_code_said_under_a_hidden_call_reaches_an_output(corpus):
-    """A cell with hidden tests shows what the grader composed: never a print, an exception's message or a traceback
-    of the student's code (grader/cheats/hidden_args_in_exception.py spells each call's arguments out, base64, after
-    DTLEAK), neither in autograded/ nor in the feedback made from it, nor in the messages Gradescope and the report
-    read (cells.messages)."""
-
+    """From the first cell with hidden tests on, a cell shows what the grader composed: never a print, an exception's
+    message or a traceback of the student's code (grader/cheats/hidden_args_in_exception.py spells each call's
+    arguments out, base64, after DTLEAK), neither in autograded/ nor in the feedback made from it, nor in the messages
+    Gradescope and the report read (cells.messages)."""
     from lab_utils.grading.export import cells
     from lab_utils.grading.feedback import HideHiddenTests
 
     t = corpus["run"].target
-    graded_ids = {c.grade_id for c in cells.graded_cells(cells.source_notebook(corpus["root"], t.lab)) if c.hidden}
+    hidden_ids = {c.grade_id for c in cells.graded_cells(cells.source_notebook(corpus["root"], t.lab)) if c.hidden}
+
+    def after_hidden(nb):
+        first = next((i for i, c in enumerate(nb.cells)
+                      if c.metadata.get("nbgrader", {}).get("grade_id") in hidden_ids), len(nb.cells))
+        return "".join(str(o) for c in nb.cells[first:] for o in c.get("outputs", []))
+
     for path in _corpus(corpus["run"]):
         nb = _autograded(corpus, path)
         if nb is None:
             continue
-        hidden_cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in graded_ids]
-        text = "".join(str(o) for c in hidden_cells for o in c.get("outputs", []))
+        text = after_hidden(nb)
         assert "DTLEAK" not in text, f"{path.stem}: student text under a hidden call reached autograded/: {text[:2000]}"
         said = cells.messages(nb, [])
         assert not any("DTLEAK" in m for m in said.values()), (path.stem, said)
         shown, _ = HideHiddenTests().preprocess(nb, {})
-        text = "".join(str(o) for c in shown.cells if c.metadata.get("nbgrader", {}).get("grade_id") in graded_ids
-                       for o in c.get("outputs", []))
+        text = after_hidden(shown)
         assert "DTLEAK" not in text, f"{path.stem}: student text under a hidden call reached feedback: {text[:2000]}"
     if "hidden_args_in_exception" in {p.stem for p in _corpus(corpus["run"])}:
-        nb = _autograded(corpus, REPO / "grader" / "cheats" / "hidden_args_in_exception.py")
-        said = cells.messages(nb, [])
-        assert any("hidden test" in said.get(g, "") for g in graded_ids), said  # the grader's own words instead
+        said = cells.messages(_autograded(corpus, REPO / "grader" / "cheats" / "hidden_args_in_exception.py"), [])
+        assert any("hidden test" in said.get(g, "") for g in hidden_ids), said  # the grader's own words instead
 
 
 @pytest.mark.slow

@@ -13,10 +13,11 @@ as ``StudentProxy`` objects (or as their value, when it is plain data):
 - names the course's own cells bound (imports, checks, references, tests) are never replaced by a student's.
 
 Everything printed over there is streamed into the cell as it happens (subject stderr arrives as stdout: a
-stderr line would fail a graded cell), and figures arrive as PNG. In a cell with hidden tests nothing the student's
-code produced reaches the cell: its prints and figures are dropped, and an exception it raised keeps its type but
-carries a message the grader wrote (a hidden call's arguments could be spelt out in either, and feedback and
-Gradescope show the cell's output).
+stderr line would fail a graded cell), and figures arrive as PNG. From the first cell with hidden tests on, nothing
+the student's code produced reaches a cell: its prints and figures are dropped (the cell says so once), and an
+exception it raised keeps its type but carries a message the grader wrote. A hidden call's arguments could be spelt
+out in either, there or in any later cell (the student's process remembers them), and feedback and Gradescope show
+the cells' output.
 """
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ __all__ = ["StudentProxy", "StudentError", "start_grading", "stop_grading"]
 
 INTERRUPT_GRACE_S = 3.0
 _SESSION = None  # the active _Session in a grader kernel, else None
-_HIDDEN = False  # the cell running now holds hidden tests (set before each cell: _before_cell)
-HIDDEN_MESSAGE = "the submission's code raised {} in a hidden test (its message is not shown)"
+_HIDDEN = False  # a cell with hidden tests has run (or runs now): student text stays out (set by _before_cell)
+_DROPPED = False  # this cell already said that it drops the student's output
+HIDDEN_MESSAGE = "the submission's code raised {} (hidden tests have run: its message is not shown)"
+DROPPED_NOTE = "(what the submission's code prints is not shown once hidden tests have run)\n"
 
 
 class StudentError(RuntimeError):
@@ -52,7 +55,7 @@ class SubjectGone(RuntimeError):
 
 def _remote_exception(reply: dict) -> BaseException:
     """An exception for the grader to raise: the built-in type the student raised (ValueError stays ValueError,
-    so a test can expect it), or StudentError; its cell traceback is the student's own. In a cell with hidden tests
+    so a test can expect it), or StudentError; its cell traceback is the student's own. Once hidden tests have run
     its message and traceback are the grader's (module docstring)."""
     ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
     launch_info = reply.get("launch")
@@ -62,16 +65,17 @@ def _remote_exception(reply: dict) -> BaseException:
 
         if ename == "RankTimeoutError":
             stuck = [r for r in launch_info.get("stuck_ranks", []) if isinstance(r, int)]
-            exc = RankTimeoutError("ranks of the submission did not finish in time in a hidden test" if hidden
+            exc = RankTimeoutError("ranks of the submission did not finish in time (hidden tests have run: the "
+                                   "details are not shown)" if hidden
                                    else evalue, stuck, {})
         elif ename == "RankFailedError":
             rank = launch_info.get("rank")
-            exc = RankFailedError(f"rank {rank} of the submission failed in a hidden test (its error is not shown)"
-                                  if hidden and isinstance(rank, int) else
-                                  "a rank of the submission failed in a hidden test (its error is not shown)"
+            exc = RankFailedError(f"rank {rank} of the submission failed (hidden tests have run: its error is not "
+                                  "shown)" if hidden and isinstance(rank, int) else
+                                  "a rank of the submission failed (hidden tests have run: its error is not shown)"
                                   if hidden else evalue, rank)
         else:
-            exc = LaunchError("the submission's ranks failed in a hidden test (the error is not shown)" if hidden
+            exc = LaunchError("the submission's ranks failed (hidden tests have run: the error is not shown)" if hidden
                               else evalue)
     else:
         cls = getattr(builtins, ename, None)
@@ -134,7 +138,12 @@ class _Session:
     # ---------------------------------------------------------------------------- low level
     def _write_out(self, data: bytes) -> None:
         self._tail = (getattr(self, "_tail", b"") + data)[-4096:]  # for the reason, if the subject dies
-        if _HIDDEN:  # what the student's code prints under a hidden test stays out of the cell
+        if _HIDDEN:  # what the student's code prints once hidden tests have run stays out of the cell
+            global _DROPPED
+            if not _DROPPED:
+                _DROPPED = True
+                sys.stdout.write(DROPPED_NOTE)
+                sys.stdout.flush()
             return
         sys.stdout.write(data.decode("utf-8", "replace"))
         sys.stdout.flush()
@@ -430,10 +439,11 @@ _SHARED_BEFORE: dict = {}
 def _before_cell(info) -> None:
     """Note whether the cell holds hidden tests; a course cell that student code also needs (imports, parameters,
     helpers) runs over there first."""
-    global _HIDDEN
+    global _HIDDEN, _DROPPED
     from lab_utils.grading.course import HIDDEN_MARKERS
 
-    _HIDDEN = HIDDEN_MARKERS[0] in (info.raw_cell or "")
+    _HIDDEN = _HIDDEN or HIDDEN_MARKERS[0] in (info.raw_cell or "")
+    _DROPPED = False
     if _SESSION is None or info.raw_cell not in _SHARED_SOURCES:
         return
     from IPython import get_ipython
@@ -469,7 +479,8 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     """Called by the grading executor's first (hidden) cell in the grader kernel: start the subject, install
     ``%%student`` and the shared-cell hook. Returns the sandbox mode. The subject's folder is made under
     ``work_root``, which the executor owns and removes once the kernel is gone (a killed kernel runs no cleanup)."""
-    global _SESSION
+    global _SESSION, _HIDDEN
+    _HIDDEN = False  # a new student process: it has seen no hidden test yet
     from IPython import get_ipython
 
     from lab_utils.grading.boundary import sandbox as boxes
