@@ -350,7 +350,8 @@ class StudentValue:
         self._type_name = type_name
 
     def __getattr__(self, attr):
-        raise TypeError(f"{self.__name__} is a {self._type_name} in the student's process; the grader sees only "
+        what = "a value" if _HIDDEN else f"a {self._type_name}"  # its type's name is the student's to choose
+        raise TypeError(f"{self.__name__} is {what} in the student's process; the grader sees only "
                         "plain data: use it inside a harness run with run_as_student() or launch()")
 
     def __repr__(self):
@@ -453,7 +454,8 @@ def _before_cell(info) -> None:
     _SHARED_BEFORE["__running__"] = 1
     reply = _SESSION.request({"op": "run_cell", "source": info.raw_cell, "quiet": True})
     if not reply.get("ok"):
-        print(f"(in the student's process this cell failed: {reply.get('ename')}: {reply.get('evalue')})")
+        print("(in the student's process this cell failed" + (")" if _HIDDEN else  # what it said: see _remote_exception
+                                                              f": {reply.get('ename')}: {reply.get('evalue')})"))
 
 
 def _after_cell(result) -> None:
