@@ -3,6 +3,7 @@ victim, submitted into a course of the lab the attacks are graded against. Share
 in-process, per push) and tests/deploy/test_no_namespaces.py (graded as the separate user, namespaces refused)."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import re
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+from nbformat.v4 import new_markdown_cell
 from known_wrong import read_known_wrong
 
 from lab_utils import grading
@@ -78,6 +80,8 @@ def beside(folder: Path, head: dict, target: Target) -> None:
         shutil.copytree(REPO / "grader" / "cheats" / head["ships"], folder, dirs_exist_ok=True)
 
 
+SVG = base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg" onload="window.DTLABS_PWNED = 8">'
+                       b'<script>window.DTLABS_PWNED = 9</script></svg>').decode()
 SEARCHED = re.compile(r'"/tmp",\s*"/home",\s*"/work",\s*"/srv"')  # the machine-wide folders attacks search
 
 
@@ -89,7 +93,7 @@ SYNTHETIC = Target(SYNTHETIC_LAB, "add", "test_add", "ignores_sign.py", (0.0, 2.
 def header(path: Path) -> dict:
     head = {}
     for line in path.read_text().splitlines():
-        m = re.match(r"^#\s*(attack|defended-by|needs|tamper|links|ships)\s*:\s*(.*)$", line)
+        m = re.match(r"^#\s*(attack|defended-by|needs|tamper|links|ships|markdown)\s*:\s*(.*)$", line)
         if m:
             head[m.group(1)] = m.group(2).strip()
         elif not line.startswith("#"):
@@ -158,6 +162,9 @@ def submit_corpus(root: Path, run: Run, search_root: Path | None = None) -> None
     for path in attacks(run):
         head = header(path)
         nb = grading.fill_solutions(rel, src, {target.answer: honest.source + "\n\n\n" + target.attack(path, search_root)})
+        if head.get("markdown"):  # a cell of its own after the answer, with an SVG attachment that holds script
+            at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == target.answer)
+            nb.cells.insert(at + 1, new_markdown_cell(head["markdown"], attachments={"pwn.svg": {"image/svg+xml": SVG}}))
         if head.get("tamper"):
             for cell in nb.cells:
                 meta = cell.metadata.get("nbgrader", {})

@@ -177,6 +177,74 @@ def test_no_hidden_test_reaches_a_cheats_output(corpus):
         assert not leaked, f"[{corpus['run'].mode}, {t.lab}] {path.stem} printed a hidden test line: {leaked[0]}"
 
 
+def _autograded(corpus, path: Path):
+    lab = corpus["run"].target.lab
+    nb_path = corpus["root"] / "grader" / "work" / "autograded" / f"cheat_{path.stem}" / lab / f"{lab}.ipynb"
+    return nbformat.read(str(nb_path), as_version=4) if nb_path.is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_nothing_a_cheat_wrote_can_run_in_a_page(corpus):
+    """autograded/ (what the formgrader and feedback render) holds no HTML that could run: every markdown cell's
+    rendering passes the allow-list unchanged, attachments are raster images, outputs render as text or rasters.
+    tests/test_browser_formgrader.py opens such a submission in the formgrader and its feedback in Chromium."""
+    from lab_utils.grading.boundary.inert import RASTER, inert_markdown, render_markdown
+
+    for path in attacks(corpus["run"]):
+        nb = _autograded(corpus, path)
+        if nb is None:
+            continue
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                assert inert_markdown(cell.source, cell.get("attachments")), (path.stem, cell.source)
+                assert "<script" not in render_markdown(cell.source, cell.get("attachments")), (path.stem, cell.source)
+            for bundle in (cell.get("attachments") or {}).values():
+                assert set(bundle) <= set(RASTER), (path.stem, set(bundle))
+            for o in cell.get("outputs", []):
+                live = set(o.get("data", {})) & {"application/javascript", "image/svg+xml", "text/markdown"}
+                assert not live, (path.stem, live)
+                assert "<script" not in str(o.get("data", {}).get("text/html", "")), (path.stem, o)
+    if "script_in_markdown" in {p.stem for p in attacks(corpus["run"])}:
+        nb = _autograded(corpus, REPO / "grader" / "cheats" / "script_in_markdown.py")
+        assert nb is not None and any("DTLABS-MARKDOWN" in c.source for c in nb.cells if c.cell_type == "markdown"), \
+            "the cheat's markdown cell should reach autograded/, shown as text"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_nothing_student_code_said_under_a_hidden_call_reaches_an_output(corpus):
+    """From the first cell with hidden tests on, a cell shows what the grader composed: never a print, an exception's
+    message or a traceback of the student's code (grader/cheats/hidden_args_in_exception.py spells each call's
+    arguments out, base64, after DTLEAK), neither in autograded/ nor in the feedback made from it, nor in the messages
+    Gradescope and the report read (cells.messages)."""
+    from lab_utils.grading.export import cells
+    from lab_utils.grading.feedback import HideHiddenTests
+
+    t = corpus["run"].target
+    hidden_ids = {c.grade_id for c in cells.graded_cells(cells.source_notebook(corpus["root"], t.lab)) if c.hidden}
+
+    def after_hidden(nb):
+        first = next((i for i, c in enumerate(nb.cells)
+                      if c.metadata.get("nbgrader", {}).get("grade_id") in hidden_ids), len(nb.cells))
+        return "".join(str(o) for c in nb.cells[first:] for o in c.get("outputs", []))
+
+    for path in attacks(corpus["run"]):
+        nb = _autograded(corpus, path)
+        if nb is None:
+            continue
+        text = after_hidden(nb)
+        assert "DTLEAK" not in text, f"{path.stem}: student text under a hidden call reached autograded/: {text[:2000]}"
+        said = cells.messages(nb, [])
+        assert not any("DTLEAK" in m for m in said.values()), (path.stem, said)
+        shown, _ = HideHiddenTests().preprocess(nb, {})
+        text = after_hidden(shown)
+        assert "DTLEAK" not in text, f"{path.stem}: student text under a hidden call reached feedback: {text[:2000]}"
+    if "hidden_args_in_exception" in {p.stem for p in attacks(corpus["run"])}:
+        said = cells.messages(_autograded(corpus, REPO / "grader" / "cheats" / "hidden_args_in_exception.py"), [])
+        assert any("hidden test" in said.get(g, "") for g in hidden_ids), said  # the grader's own words instead
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_limits_and_reasons_are_reported(corpus):
@@ -190,8 +258,9 @@ def test_limits_and_reasons_are_reported(corpus):
         assert re.search(rf"cheat_tamper_test_cell/.*tampered test cell {corpus['run'].target.test}", lines), lines
     if "disk_flood" in graded:
         assert re.search(r"cheat_disk_flood/.*disk limit", lines), lines
-    if "huge_frame" in graded:  # refused unread, not read and then found too big
-        assert re.search(r"cheat_huge_frame/.*an answer of 1500000000 bytes", lines), lines
+    if "huge_frame" in graded:  # refused unread, not read and then found too big; the size it declared is not echoed
+        assert re.search(r"cheat_huge_frame/.*an answer over the limit of \d+ MB \(refused unread\)", lines), lines
+        assert "1500000000" not in lines, lines
     if "links_to_the_course" in graded:
         assert re.search(r"cheat_links_to_the_course/.*solution\.ipynb \(a symbolic link\)", lines), lines
     if corpus["run"].mode == "fallback":  # the guard, not luck, undid them: each line names what was put back

@@ -193,6 +193,38 @@ def test_a_score_forged_in_the_scratch_gradebook_never_reaches_gradescope(synthe
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_what_student_code_says_under_a_hidden_call_never_reaches_results(synthetic_bundle, tmp_path,
+                                                                         no_leaked_processes):
+    """For a cell with hidden tests results.json carries what the grader composed: grader/cheats/
+    hidden_args_in_exception.py prints and raises each call's arguments base64-encoded, and neither its message nor
+    the hidden arguments (add(-1, 1), add(0.5, 0.25)) appear; grader/cheats/huge_frame.py declares a frame of
+    1500000000 bytes, and that number (62 bits of its choosing) is in no output: the refusal names the limit."""
+    import base64
+
+    course, zip_path = synthetic_bundle
+    rel, src = _notebooks(course)
+    wrong = known_wrong(LAB, course)[0]
+    runs = {}
+    for name in ("hidden_args_in_exception", "huge_frame"):
+        cheat = (REPO / "grader" / "cheats" / f"{name}.py").read_text()
+        root = unpack(zip_path, tmp_path / name)
+        nbformat.write(grading.fill_solutions(rel, src, {wrong.replaces: wrong.source + "\n\n\n" + cheat}),
+                       str(root / "submission" / f"{LAB}.ipynb"))
+        runs[name] = finish(start(root), root)
+    code, out, results, text = runs["hidden_args_in_exception"]
+    assert code == 0, out
+    secrets = ["DTLEAK"] + [base64.b64encode(repr((args, {})).encode()).decode() for args in [(-1, 1), (0.5, 0.25)]]
+    for secret in secrets:
+        assert secret not in text, f"student text from a hidden call reached results.json: {text[:3000]}"
+    assert graded(results)["test_add"]["score"] == 0.0, results
+    assert "hidden test" in graded(results)["test_add"]["output"], results  # the grader's own words
+    code, out, results, text = runs["huge_frame"]
+    assert "1500000000" not in text and "1500000000" not in out, f"the declared size was echoed:\n{text}\n{out[-2000:]}"
+    assert "over the limit of" in results["output"] or "over the limit of" in out, (results, out[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_submission_that_is_not_one_readable_notebook_scores_zero_with_the_reason(synthetic_bundle, tmp_path,
                                                                                      no_leaked_processes):
     course, zip_path = synthetic_bundle

@@ -4,7 +4,9 @@ nbgrader's feedback HTML renders the autograded cells, hidden regions included. 
 ``GenerateFeedback.preprocessors`` (``grader/nbgrader_config.py``), so the CLI and the formgrader both use it:
 the region becomes one comment line, and every cell's outputs lose each line that quotes a hidden line (an
 IPython traceback prints the failing source line; an answer cell may print what it saw of a test's harness). A failing hidden check still shows its message, which
-AUTHORING.md asks to be written for the student.
+AUTHORING.md asks to be written for the student. A cell with hidden tests shows that message and nothing else: no
+prints or figures (what the student's code printed under a hidden call could spell out its arguments; the grader
+kernel already drops them, ``split/proxy.py``, and feedback drops them again for notebooks graded before).
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ class HideHiddenTests(ClearHiddenTests):
                 elif not inside:
                     out.append(line)
             cell.source = "\n".join(out)
+        if test_cell:
+            cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 output["evalue"] = redact(output.get("evalue", ""), hidden)

@@ -63,6 +63,7 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
 
     from lab_utils import settings
     from lab_utils.grading.export.csvfile import GradesCsvExporter
+    from lab_utils.grading.boundary.inert import InertNotebook
     from lab_utils.grading.export.late import DueDates
     from lab_utils.grading.feedback import HideHiddenTests
     from lab_utils.grading.split.execute import SplitExecute, execution_config
@@ -86,11 +87,16 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
     if not dt.unsafe_plain_execute:
         c.Autograde.autograde_preprocessors = [
             DueDates, SplitExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-            AssignLatePenalties, CheckCellMetadata,
+            AssignLatePenalties, CheckCellMetadata, InertNotebook,
         ]
     # Feedback must not show hidden tests (feedback.py); in the config, it applies to `nbgrader generate_feedback`
     # and the formgrader alike.
-    c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+    c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, InertNotebook, CSSHTMLHeaderPreprocessor]
+    # Nothing a submission wrote runs in a page (boundary/inert.py): autograded/ is inert (InertNotebook, last in
+    # autograde above), and every page nbgrader renders from it (the formgrader's, the feedback) makes it inert again
+    # and has nbconvert clean its outputs.
+    c.HTMLExporter.preprocessors = [InertNotebook]
+    c.HTMLExporter.sanitize_html = True
     # `nbgrader export` (grades.csv): every field quoted, no cell a spreadsheet formula (export/csvfile.py); nbgrader's
     # CsvExportPlugin quotes nothing, so an id with a comma and a newline forged a row
     c.ExportApp.plugin_class = GradesCsvExporter

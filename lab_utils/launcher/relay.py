@@ -127,7 +127,8 @@ def _recv(sock, max_payload: int = MAX_PAYLOAD):
         return None, None
     hlen, plen = _HEAD.unpack(pre)
     if hlen > MAX_HEADER or plen > max_payload:
-        raise RelayError(f"a frame of {hlen} + {plen} bytes is over the relay's limit ({MAX_HEADER} + {max_payload})")
+        # the declared lengths are the sender's to choose: only the limit is said
+        raise RelayError(f"a frame over the relay's limit ({MAX_HEADER} + {max_payload} bytes), refused unread")
     head = _recv_exact(sock, hlen)
     payload = _recv_exact(sock, plen) if plen else b""
     if head is None or payload is None:

@@ -37,7 +37,8 @@ class FrameTooLarge(ValueError):
     """A frame's header declares more bytes than the reader accepts: refused before a byte of it is read."""
 
     def __init__(self, size: int, limit: int):
-        super().__init__(f"a frame of {size} bytes is over the {limit}-byte limit")
+        # the declared size is the sender's to choose (a grade's output may reach a student): only the limit is said
+        super().__init__(f"a frame over the {limit}-byte limit, refused unread")
         self.size, self.limit = size, limit
 
 

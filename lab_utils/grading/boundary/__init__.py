@@ -6,4 +6,5 @@
 | sandbox | the box a submission's code runs in: bubblewrap, or the fallback, with its limits and watchdog |
 | guard   | without bubblewrap: what a submission changed in the course, put back and named               |
 | ids     | student ids at the door: the one rule for a name that becomes a folder, a row, a CSV cell     |
+| inert   | a submitted notebook made inert: nothing in it runs in the formgrader's or the feedback page  |
 """

@@ -13,7 +13,11 @@ as ``StudentProxy`` objects (or as their value, when it is plain data):
 - names the course's own cells bound (imports, checks, references, tests) are never replaced by a student's.
 
 Everything printed over there is streamed into the cell as it happens (subject stderr arrives as stdout: a
-stderr line would fail a graded cell), and figures arrive as PNG.
+stderr line would fail a graded cell), and figures arrive as PNG. From the first cell with hidden tests on, nothing
+the student's code produced reaches a cell: its prints and figures are dropped (the cell says so once), and an
+exception it raised keeps its type but carries a message the grader wrote. A hidden call's arguments could be spelt
+out in either, there or in any later cell (the student's process remembers them), and feedback and Gradescope show
+the cells' output.
 """
 from __future__ import annotations
 
@@ -35,6 +39,10 @@ __all__ = ["StudentProxy", "StudentError", "start_grading", "stop_grading"]
 
 INTERRUPT_GRACE_S = 3.0
 _SESSION = None  # the active _Session in a grader kernel, else None
+_HIDDEN = False  # a cell with hidden tests has run (or runs now): student text stays out (set by _before_cell)
+_DROPPED = False  # this cell already said that it drops the student's output
+HIDDEN_MESSAGE = "the submission's code raised {} (hidden tests have run: its message is not shown)"
+DROPPED_NOTE = "(what the submission's code prints is not shown once hidden tests have run)\n"
 
 
 class StudentError(RuntimeError):
@@ -47,29 +55,39 @@ class SubjectGone(RuntimeError):
 
 def _remote_exception(reply: dict) -> BaseException:
     """An exception for the grader to raise: the built-in type the student raised (ValueError stays ValueError,
-    so a test can expect it), or StudentError; its cell traceback is the student's own."""
+    so a test can expect it), or StudentError; its cell traceback is the student's own. Once hidden tests have run
+    its message and traceback are the grader's (module docstring)."""
     ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
     launch_info = reply.get("launch")
+    hidden = _HIDDEN
     if launch_info is not None:
         from lab_utils.launcher.diagnostics import LaunchError, RankFailedError, RankTimeoutError
 
         if ename == "RankTimeoutError":
-            exc = RankTimeoutError(evalue, launch_info.get("stuck_ranks", []), {})
+            stuck = [r for r in launch_info.get("stuck_ranks", []) if isinstance(r, int)]
+            exc = RankTimeoutError("ranks of the submission did not finish in time (hidden tests have run: the "
+                                   "details are not shown)" if hidden
+                                   else evalue, stuck, {})
         elif ename == "RankFailedError":
-            exc = RankFailedError(evalue, launch_info.get("rank"))
+            rank = launch_info.get("rank")
+            exc = RankFailedError(f"rank {rank} of the submission failed (hidden tests have run: its error is not "
+                                  "shown)" if hidden and isinstance(rank, int) else
+                                  "a rank of the submission failed (hidden tests have run: its error is not shown)"
+                                  if hidden else evalue, rank)
         else:
-            exc = LaunchError(evalue)
+            exc = LaunchError("the submission's ranks failed (hidden tests have run: the error is not shown)" if hidden
+                              else evalue)
     else:
         cls = getattr(builtins, ename, None)
         if isinstance(cls, type) and issubclass(cls, BaseException) and cls not in (SystemExit, GeneratorExit):
             try:
-                exc = cls(evalue)
+                exc = cls(HIDDEN_MESSAGE.format(cls.__name__) if hidden else evalue)
             except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError needs more arguments
-                exc = StudentError(f"{ename}: {evalue}")
-        else:
-            exc = StudentError(f"{ename}: {evalue}")
+                exc = StudentError(HIDDEN_MESSAGE.format(cls.__name__) if hidden else f"{ename}: {evalue}")
+        else:  # the class name is the student's to choose: not even that is shown from a hidden test
+            exc = StudentError(HIDDEN_MESSAGE.format("an exception") if hidden else f"{ename}: {evalue}")
     stb = [str(line) for line in reply.get("traceback") or []]
-    if stb:
+    if stb and not hidden:
         exc._render_traceback_ = lambda: stb  # IPython shows these lines instead of the grader's frames
     return exc
 
@@ -120,6 +138,13 @@ class _Session:
     # ---------------------------------------------------------------------------- low level
     def _write_out(self, data: bytes) -> None:
         self._tail = (getattr(self, "_tail", b"") + data)[-4096:]  # for the reason, if the subject dies
+        if _HIDDEN:  # what the student's code prints once hidden tests have run stays out of the cell
+            global _DROPPED
+            if not _DROPPED:
+                _DROPPED = True
+                sys.stdout.write(DROPPED_NOTE)
+                sys.stdout.flush()
+            return
         sys.stdout.write(data.decode("utf-8", "replace"))
         sys.stdout.flush()
 
@@ -156,7 +181,8 @@ class _Session:
                 if any(m in tail for m in _UNMAPPABLE):
                     reason += " (a library could not be mapped; if the limit is generous, look for a noexec mount)"
             else:
-                reason = f"it exited with code {code}" if code is not None else "it stopped answering"
+                # its exit status is the submission's to choose (and a grade line can reach the student): not named
+                reason = "it exited before grading was over" if code is not None else "it stopped answering"
         self.gone_reason = reason
         self._report(reason)
         return SubjectGone(f"the student's process is gone ({reason}); nothing the submission defined can run")
@@ -199,10 +225,11 @@ class _Session:
                 try:
                     msg = self._read_msg()
                 except wire.FrameTooLarge as exc:  # refused unread: the grader's memory is not the student's
-                    self.box.kill(f"it sent an answer of {exc.size} bytes (the limit is {exc.limit >> 20} MB)")
+                    # the declared size is the submission's to choose: only the limit is named
+                    self.box.kill(f"it sent an answer over the limit of {exc.limit >> 20} MB (refused unread)")
                     raise self._dead() from None
-                except Exception as exc:  # noqa: BLE001 - a malformed answer ends the session
-                    self.box.kill(f"it sent something that is not plain data ({type(exc).__name__})")
+                except Exception:  # noqa: BLE001 - a malformed answer ends the session (which error it made the
+                    self.box.kill("it sent something that is not plain data")  # decoder raise is its choice)
                     raise self._dead() from None
                 if msg is None:
                     raise self._dead()
@@ -210,7 +237,7 @@ class _Session:
                     self._drain_output()
                     data = {k: v for k, v in (msg.get("data") or {}).items()
                             if k in ("text/plain", "image/png", "image/jpeg") and isinstance(v, str)}
-                    if data:
+                    if data and not _HIDDEN:
                         publish_display_data(data)
                     continue
                 if msg.get("op") == expect:
@@ -323,7 +350,8 @@ class StudentValue:
         self._type_name = type_name
 
     def __getattr__(self, attr):
-        raise TypeError(f"{self.__name__} is a {self._type_name} in the student's process; the grader sees only "
+        what = "a value" if _HIDDEN else f"a {self._type_name}"  # its type's name is the student's to choose
+        raise TypeError(f"{self.__name__} is {what} in the student's process; the grader sees only "
                         "plain data: use it inside a harness run with run_as_student() or launch()")
 
     def __repr__(self):
@@ -410,7 +438,13 @@ _SHARED_BEFORE: dict = {}
 
 
 def _before_cell(info) -> None:
-    """A course cell that student code also needs (imports, parameters, helpers) runs over there first."""
+    """Note whether the cell holds hidden tests; a course cell that student code also needs (imports, parameters,
+    helpers) runs over there first."""
+    global _HIDDEN, _DROPPED
+    from lab_utils.grading.course import HIDDEN_MARKERS
+
+    _HIDDEN = _HIDDEN or HIDDEN_MARKERS[0] in (info.raw_cell or "")
+    _DROPPED = False
     if _SESSION is None or info.raw_cell not in _SHARED_SOURCES:
         return
     from IPython import get_ipython
@@ -420,7 +454,8 @@ def _before_cell(info) -> None:
     _SHARED_BEFORE["__running__"] = 1
     reply = _SESSION.request({"op": "run_cell", "source": info.raw_cell, "quiet": True})
     if not reply.get("ok"):
-        print(f"(in the student's process this cell failed: {reply.get('ename')}: {reply.get('evalue')})")
+        print("(in the student's process this cell failed" + (")" if _HIDDEN else  # what it said: see _remote_exception
+                                                              f": {reply.get('ename')}: {reply.get('evalue')})"))
 
 
 def _after_cell(result) -> None:
@@ -446,7 +481,8 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     """Called by the grading executor's first (hidden) cell in the grader kernel: start the subject, install
     ``%%student`` and the shared-cell hook. Returns the sandbox mode. The subject's folder is made under
     ``work_root``, which the executor owns and removes once the kernel is gone (a killed kernel runs no cleanup)."""
-    global _SESSION
+    global _SESSION, _HIDDEN
+    _HIDDEN = False  # a new student process: it has seen no hidden test yet
     from IPython import get_ipython
 
     from lab_utils.grading.boundary import sandbox as boxes
