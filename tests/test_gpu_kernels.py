@@ -75,6 +75,44 @@ def test_kernel_mode_follows_the_device():
         assert (device, mode, triton_switch, numba_switch, simulating) == ("cpu", "interpreter", "1", "1", True)
 
 
+GUARD_PROBE = """
+import torch
+from lab_utils.labkit import kernelmode
+kernelmode.choose()
+import triton, triton.language as tl
+
+@triton.jit
+def shift(x, out, n, step, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(out + offsets * step, tl.load(x + offsets, mask=offsets < n, other=0.0))
+
+x, out = torch.arange(8.0), torch.zeros(8)
+shift[(1,)](x, out, 8, 1, BLOCK=8)
+assert torch.equal(out, x), out
+for n, step in ((16, 1), (8, -1)):  # a load past x's end; stores at negative offsets
+    try:
+        shift[(1,)](x, out, n, step, BLOCK=16 if n == 16 else 8)
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+    else:
+        print("no error")
+"""
+
+
+def test_the_interpreter_raises_on_out_of_bounds_accesses():
+    """On a CPU a stray store in Triton's interpreter writes into the process's heap (a mutant of the flash kernel
+    storing at negative offsets aborted the grading subject with SIGABRT): kernelmode makes it an IndexError."""
+    import torch
+
+    if importlib.util.find_spec("triton") is None or torch.cuda.is_available():
+        pytest.skip("the interpreter's bounds check applies on a CPU with the kernels extra installed")
+    out = subprocess.run([sys.executable, "-c", GUARD_PROBE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("out-of-bounds" in line for line in lines), out.stdout
+    assert "out-of-bounds load" in lines[0] and "out-of-bounds store" in lines[1], out.stdout
+
+
 # ------------------------------------------------------------------------------------------ compiled on a GPU
 def _cuda_or_skip():
     import torch

@@ -1,8 +1,9 @@
 """Where Lab 11's kernels run: compiled on a CUDA GPU, else on the CPU in Triton's interpreter and numba's CUDA simulator.
 
 The choice is made before triton and numba are imported (numba reads NUMBA_ENABLE_CUDASIM once, when ``numba.cuda``
-is imported; Triton reads TRITON_INTERPRET when a kernel is decorated). This module imports neither, so nothing
-outside Lab 11 loads them (tests/test_layers.py).
+is imported; Triton reads TRITON_INTERPRET when a kernel is decorated). Importing this module loads neither, so
+nothing outside Lab 11 loads them (tests/test_gpu_kernels.py); ``choose`` loads Triton's interpreter on a CPU to
+bounds-check it.
 """
 from __future__ import annotations
 
@@ -36,7 +37,68 @@ def choose() -> tuple[str, str]:
     if cuda_mod is not None and _simulating(cuda_mod) == compiled:
         raise RuntimeError("numba.cuda was imported before the kernel mode was chosen, in the other mode: restart the "
                            "kernel and run the setup cell first")
+    if not compiled:
+        guard_interpreter()
     return ("cuda", COMPILED) if compiled else ("cpu", INTERPRETER)
+
+
+def guard_interpreter() -> None:
+    """Make Triton's interpreter raise on a load or store outside every tensor the launch was given.
+
+    On a GPU such an access is an illegal-address error (or silent garbage); the interpreter reads and writes the
+    process's own memory instead, and a stray store corrupts the heap and aborts the process (seen: a kernel storing
+    at negative offsets killed the notebook's kernel with SIGABRT). Masked-off lanes are not checked, as on a GPU.
+    """
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_dtlabs_guarded", False):
+        return
+    launch = {"ranges": []}
+
+    def storages(arg, found):
+        if isinstance(arg, (tuple, list)):
+            for a in arg:
+                storages(a, found)
+        elif hasattr(arg, "untyped_storage"):
+            storage = arg.untyped_storage()
+            found.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        elif hasattr(arg, "base"):  # a TensorDescriptor
+            storages(arg.base, found)
+        return found
+
+    init_args = interpreter.GridExecutor._init_args_hst
+
+    def init_args_recorded(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        launch["ranges"] = storages([args_hst, list(kwargs_hst.values())], [])
+        return args_hst, kwargs_hst
+
+    def check(what, ptrs, mask, itemsize):
+        addresses = np.asarray(ptrs.data).astype(np.uint64)
+        active = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for lo, hi in launch["ranges"]:
+            inside |= (addresses >= lo) & (addresses + itemsize <= hi)
+        outside = active & ~inside
+        if outside.any():
+            raise IndexError(f"out-of-bounds {what}: {int(outside.sum())} of {int(active.sum())} unmasked lanes point "
+                             "outside every tensor given to the kernel (check the offsets, the strides and the mask)")
+
+    load, store = interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store
+
+    def checked_load(self, ptrs, mask, other, *args, **kwargs):
+        check("load", ptrs, mask, np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize)
+        return load(self, ptrs, mask, other, *args, **kwargs)
+
+    def checked_store(self, ptrs, value, mask, *args, **kwargs):
+        check("store", ptrs, mask, np.asarray(value.data).dtype.itemsize)
+        return store(self, ptrs, value, mask, *args, **kwargs)
+
+    interpreter.GridExecutor._init_args_hst = init_args_recorded
+    interpreter.InterpreterBuilder.create_masked_load = checked_load
+    interpreter.InterpreterBuilder.create_masked_store = checked_store
+    interpreter._dtlabs_guarded = True
 
 
 def _simulating(cuda_mod) -> bool:
