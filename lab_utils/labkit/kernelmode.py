@@ -12,6 +12,8 @@ import sys
 
 COMPILED, INTERPRETER = "compiled", "interpreter"
 _SWITCHES = ("TRITON_INTERPRET", "NUMBA_ENABLE_CUDASIM")
+# Why numba's kernels run in the simulator on a CUDA machine, where they must ("" where they compile).
+numba_simulated_because = ""
 
 
 def choose() -> tuple[str, str]:
@@ -27,14 +29,18 @@ def choose() -> tuple[str, str]:
             f"Lab 11 needs the optional kernels extra ({', '.join(missing)} not installed): `make install` installs it "
             "where Triton has wheels (Linux x86_64/aarch64), or pip install -c <a file with torch==YOUR_VERSION> "
             "-e '.[kernels]' in the course's folder")
+    global numba_simulated_because
     compiled = torch.cuda.is_available()
     for name in _SWITCHES:
         if compiled:
             os.environ.pop(name, None)
         else:
             os.environ[name] = "1"
+    numba_simulated_because = _numba_cannot_compile() if compiled else ""
+    if numba_simulated_because:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     cuda_mod = sys.modules.get("numba.cuda")
-    if cuda_mod is not None and _simulating(cuda_mod) == compiled:
+    if cuda_mod is not None and _simulating(cuda_mod) != (not compiled or bool(numba_simulated_because)):
         raise RuntimeError("numba.cuda was imported before the kernel mode was chosen, in the other mode: restart the "
                            "kernel and run the setup cell first")
     if not compiled:
@@ -99,6 +105,18 @@ def guard_interpreter() -> None:
     interpreter.InterpreterBuilder.create_masked_load = checked_load
     interpreter.InterpreterBuilder.create_masked_store = checked_store
     interpreter._dtlabs_guarded = True
+
+
+def _numba_cannot_compile() -> str:
+    """Measured on an H200 (numba-cuda 0.30.4, numpy 2.5.2): numba-cuda's compiler registers np.row_stack, which
+    numpy 2.5 removed, and every kernel then fails to compile with AttributeError. The extra pins numpy<2.5; an
+    environment that has numpy 2.5 anyway keeps Triton compiled and runs numba's kernels in the simulator."""
+    import numpy as np
+
+    if hasattr(np, "row_stack"):
+        return ""
+    return (f"numba-cuda cannot compile with numpy {np.__version__} (it uses np.row_stack, removed in numpy 2.5): "
+            "numba's kernels run in the CUDA simulator; `pip install 'numpy<2.5'` compiles them")
 
 
 def _simulating(cuda_mod) -> bool:
