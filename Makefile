@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 JOBS       ?= 4
 # 1: install Lab 10's optional frameworks extra where the platform has wheels; 0: leave it out
 FRAMEWORKS ?= 1
+# 1: install Lab 11's optional kernels extra (Triton, numba, numba-cuda) where the platform has wheels; 0: leave it out
+KERNELS    ?= 1
 PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 # make test-deploy on 2 workers: the tests that write the course's gradebook (hub, Slurm grading) on one, the others
 # (train.sbatch, the layouts in their own copies) on the other (tests/deploy/conftest.py)
@@ -34,6 +36,12 @@ $(VENV)/.installed: pyproject.toml
 		$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt; \
 		$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[frameworks]"; \
 	else echo "Lab 10's frameworks not installed (FRAMEWORKS=$(FRAMEWORKS), or no wheels for this platform): its framework tests will say so"; fi
+	@# Lab 11's kernels (Triton, numba, numba-cuda) where Triton has wheels: Linux x86_64 or aarch64, Python < 3.15.
+	@# The same constraint keeps the torch installed above (a CUDA torch pins the triton it was built with). KERNELS=0 skips.
+	@if [ "$(KERNELS)" != "0" ] && $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' and platform.machine() in ('x86_64', 'aarch64') and sys.version_info < (3, 15)))"; then \
+		$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt; \
+		$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[kernels]"; \
+	else echo "Lab 11's kernels not installed (KERNELS=$(KERNELS), or no Triton wheels for this platform): its kernel cells will say so"; fi
 	@# Bytecode on every core at once (pip compiles on one: 30 s of the clean-clone set-up). A file that does not
 	@# compile is not an error here, as under pip: Python reads its source.
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true

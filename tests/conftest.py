@@ -276,7 +276,7 @@ EXPECTED_S = {
     "lab-09_async_elastic": 89, "test_solution_runs_under_papermill[05_": 85,
     "test_solution_runs_under_papermill[10_": 83, "lab-07_model_parallel": 77,
     "test_solution_runs_under_papermill[09_": 56, "graded-class": 54, "lab-08_comm_efficiency": 53,
-    "test_merge_job_on_a_gradebook": 39, "test_grade_batch_survives_broken_and_hanging": 39,
+    "test_merge_job_on_a_gradebook": 39, "test_grade_batch_survives_broken_and_hanging": 39, "lab-11_gpu_kernels": 80,
 }
 
 

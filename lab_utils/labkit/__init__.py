@@ -8,6 +8,7 @@
 | costmodel | the alpha-beta cost of ring and tree all-reduce, and of a DDP step                          |
 | widgets   | the ipywidgets explorer of the cost model (Lab 06)                                           |
 | torchrun  | N torchrun agents on this machine as N "nodes" (Lab 05), reaped when they are done          |
+| kernelmode | Lab 11's kernels compiled on a CUDA GPU, else Triton's interpreter and numba's simulator (no import of either) |
 
 May import ``lab_utils.launcher``; never ``lab_utils.grading``.
 """

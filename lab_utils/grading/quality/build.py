@@ -46,3 +46,23 @@ def submit(course_root: Path | str, student: str, lab: str, nb) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(dest))
     return dest
+
+
+def solution_module(source_nb, grade_ids, path: Path | str, name: str):
+    """The cells ``grade_ids`` of a solutions/ notebook, markers and IPython magics removed, written to ``path`` and
+    imported as module ``name``: the solution outside a notebook, for code that reads its own source from a file
+    (Triton's kernels). Lab 11's GPU tests and its CS336 adapter (grader/cs336/) run it so."""
+    import importlib.util
+    import sys
+
+    cells = {cell_meta(c).get("grade_id"): c["source"] for c in source_nb.cells}
+    missing = [g for g in grade_ids if g not in cells]
+    if missing:
+        raise KeyError(f"the notebook has no cells {missing}")
+    lines = (line for g in grade_ids for line in (strip_solution_markers(cells[g]) + "\n\n").split("\n"))
+    Path(path).write_text("\n".join(line for line in lines if not line.lstrip().startswith("%")))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

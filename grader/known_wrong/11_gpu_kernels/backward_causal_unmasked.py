@@ -1,0 +1,17 @@
+# replaces: flash_attention_backward
+# loses: test_flash_backward
+# mistake: recomputes P without the causal mask
+def flash_attention_backward(q, k, v, o, lse, do, is_causal=False):
+    """(dq, dk, dv) of attention, with P recomputed from q, k and the saved log-sum-exp lse."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ k.transpose(-1, -2) * scale
+    if False:
+        n_q, n_k = s.shape[-2:]
+        keep = torch.arange(n_q, device=q.device)[:, None] >= torch.arange(n_k, device=q.device)[None, :]
+        s = torch.where(keep, s, -1e6)
+    p = torch.exp(s - lse[..., None])
+    dv = p.transpose(-1, -2) @ do
+    dp = do @ v.transpose(-1, -2)
+    delta = (do * o).sum(dim=-1, keepdim=True)
+    ds = p * (dp - delta)
+    return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv

@@ -1,0 +1,17 @@
+# replaces: benchmark
+# loses: test_benchmark
+# mistake: reports the mean, which one slow repetition moves
+def benchmark(fn, *, warmup=3, reps=10, sync=None, clock=time.perf_counter):
+    """Median time of fn() over reps calls after warmup untimed ones, synchronising the device around each."""
+    for _ in range(warmup):
+        fn()
+    if sync is not None:
+        sync()
+    times = []
+    for _ in range(reps):
+        start = clock()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(clock() - start)
+    return {"median_s": statistics.mean(times), "times_s": times}

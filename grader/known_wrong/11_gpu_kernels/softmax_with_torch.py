@@ -1,0 +1,17 @@
+# replaces: softmax
+# loses: test_softmax
+# mistake: calls torch.softmax instead of launching the kernel
+@triton.jit
+def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=-float("inf"))
+    x = x - tl.max(x, axis=0)
+    numerator = tl.exp(x)
+    tl.store(out_ptr + row * out_row_stride + cols, numerator / tl.sum(numerator, axis=0), mask=mask)
+
+
+def softmax(x):
+    """Softmax over the last dimension of a 2D float32 tensor, one Triton program per row."""
+    return torch.softmax(x, dim=-1)

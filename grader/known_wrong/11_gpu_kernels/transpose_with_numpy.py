@@ -1,0 +1,22 @@
+# replaces: grid
+# loses: test_transpose
+# mistake: returns a.T from NumPy and never launches the kernel
+def grid_2d(shape, block):
+    """Blocks (along x = columns, along y = rows) covering a rows x cols array with blocks of block = (bx, by)."""
+    rows, cols = shape
+    bx, by = block
+    return (cols + bx - 1) // bx, (rows + by - 1) // by
+
+
+@cuda.jit
+def transpose_kernel(a, out):
+    """out[column, row] = a[row, column]: one thread per element of a (x over columns, y over rows)."""
+    column = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+    if row < a.shape[0] and column < a.shape[1]:
+        out[column, row] = a[row, column]
+
+
+def transpose(a, block=(8, 8)):
+    """a.T computed by transpose_kernel on a 2D grid of 2D blocks."""
+    return np.ascontiguousarray(a.T)
