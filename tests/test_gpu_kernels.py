@@ -233,6 +233,8 @@ def test_the_lab_runs_compiled_under_papermill(tmp_path):
     out = tmp_path / "executed.ipynb"
     papermill.execute_notebook(str(work / SOURCE.name), str(out), parameters={"SEQ_LENS": [1024, 4096, 16384]},
                                cwd=str(work), progress_bar=False, log_output=False, execution_timeout=300)
-    text = "".join(o.get("text", "") for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", [])
-                   if o.get("output_type") == "stream")
+    import nbformat
+
+    text = "".join(o.get("text", "") for c in nbformat.read(str(out), as_version=4).cells for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream")  # nbformat joins the lines a .ipynb stores as a list
     assert "kernels run compiled on cuda" in text, text[:500]
