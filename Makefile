@@ -20,7 +20,7 @@ PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 DEPLOY_JOBS ?= 2
 DEPLOY_PARALLEL := $(if $(filter-out 0 1,$(DEPLOY_JOBS)),-n $(DEPLOY_JOBS) --dist loadgroup,)
 
-.PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade doctor mutate stress stress-tests clean
+.PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade doctor mutate stress stress-tests horovod clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -103,6 +103,11 @@ stress: $(VENV)/.installed  ## grade every lab's solution K times (K=10) with th
 STRESS_TESTS ?= tests/test_torchrun.py tests/test_reliability.py tests/test_browser.py
 stress-tests: $(VENV)/.installed  ## run the torchrun, launcher-reliability and browser tests K times in a row under load
 	$(VENV)/bin/dtlabs stress --tests "$(STRESS_TESTS)" --k $(K)
+
+# Horovod 0.28.1 does not build against torch >= 2.1: it gets an environment of its own, .venv-horovod (torch 2.0.1 on
+# Python 3.11, gloo, no MPI), which Lab 10's Horovod cell uses where it exists. .ci/build-horovod says how.
+horovod:  ## build Horovod 0.28.1 against torch 2.0.1 in .venv-horovod, for Lab 10's Horovod cell
+	bash .ci/build-horovod
 
 clean:  ## remove .venv and grader work folders
 	rm -rf $(VENV) grader/work

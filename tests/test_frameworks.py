@@ -1,5 +1,6 @@
 """Lab 10's optional frameworks extra (``pip install .[frameworks]``): where it is installed, what it must not touch,
-and the framework that cannot be installed (Horovod), skipped with the reason measured on this course's machine.
+and the framework that cannot be installed beside the course's torch (Horovod): skipped there with the reason measured
+on this course's machine, and run for real in its own environment where ``make horovod`` built it.
 
 The framework runs themselves are Lab 10's graded cells (DeepSpeed ZeRO 1-3, Ray Train, TensorFlow, and Accelerate
 as a demo), proved by tests/test_labs.py like every lab's: under papermill and in the sandboxed swap session. The
@@ -28,7 +29,8 @@ HOROVOD_REASON = (
     "horovod 0.28.1 (its last release, June 2023) does not build against torch 2.13: its CMake build compiles the "
     "torch extension with -std=c++14 and torch's headers stop it ('#error C++17 or later compatible compiler is "
     "required to use PyTorch.', then \"'is_enum_v' is not a member of 'std'\"); measured: pip install "
-    "--no-build-isolation horovod==0.28.1 failed after 8 min 48 s of compiling"
+    "--no-build-isolation horovod==0.28.1 failed after 8 min 48 s of compiling. `make horovod` builds it in an "
+    "environment of its own against torch 2.0.1 (.venv-horovod), where Lab 10 runs it"
 )
 
 
@@ -69,6 +71,48 @@ def test_horovod_builds_against_the_installed_torch():
     except ImportError:
         pytest.skip(HOROVOD_REASON)
     pytest.fail("horovod imports here now: add it to Lab 10 (and to the frameworks extra) instead of this skip")
+
+
+HOROVOD_RUN = '''
+import json, math, os, sys, time
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler
+from lab_utils.labkit.data import dataset, regression
+from lab_utils.labkit.models import mlp
+{helpers}
+
+run = train_horovod(5, 4, 0.05, 3, 32, world_size=2)
+state, _ = train_reference(mlp(seed=3), dataset(*regression(n=32, seed=3)), 5, 4, 0.05, 3, 2)
+gap = max((run["state"][k] - v).abs().max().item() for k, v in state.items())
+print("HOROVOD", run["size"], run["torch"], gap, flush=True)
+'''
+
+
+@pytest.mark.slow  # horovodrun starts two processes that import torch 2.0.1: about 15 s
+def test_horovod_in_its_own_environment_lands_where_one_process_lands(tmp_path):
+    """Lab 10's train_horovod: hvd.DistributedOptimizer under `horovodrun --gloo`, in the environment `make horovod`
+    builds, on the batches and starting weights Lab 10 makes with the course's torch: the weights of one process on
+    the union of the batches (Lab 01's train_reference)."""
+    import os
+    from pathlib import Path
+
+    from lab_utils import processes
+
+    hvd_python = os.environ.get("DTLABS_HOROVOD_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-horovod" / "bin" / "python")
+    built = os.path.exists(hvd_python) and subprocess.run([hvd_python, "-c", "import horovod.torch"],
+                                                          capture_output=True).returncode == 0
+    if not built:
+        pytest.skip(f"Horovod's environment is not built ({hvd_python}): `make horovod` builds it (.ci/build-horovod)")
+    (tmp_path / "run.py").write_text(HOROVOD_RUN.format(helpers=_lab10_helpers()))
+    proc = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": processes.python_path()}, timeout=300)
+    out = proc.stdout + proc.stderr
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("HOROVOD ")), None)
+    assert proc.returncode == 0 and line, out[-3000:]
+    _, size, torch_version, gap = line.split()
+    assert int(size) == 2 and torch_version.startswith("2.0."), line
+    assert float(gap) < 1e-5, f"Horovod's weights differ from one process's by {gap}"
 
 
 def _lab10_helpers() -> str:

@@ -84,3 +84,38 @@ def test_a_long_directory_still_works(tmp_path):
     with CountedLock(str(deep)) as lock:
         _take(lock.client(), 2)
         assert lock.acquisitions == 2
+
+
+def _increment(client, counter, times, read_under_lock):
+    for _ in range(times):
+        if read_under_lock:
+            with client:
+                counter.value = counter.value + 1
+        else:  # the locked-baseline mistake: read first, then hold the lock only around the write
+            seen = counter.value
+            with client:
+                counter.value = seen + 1
+
+
+@pytest.mark.parametrize("read_under_lock", [True, False])
+def test_grant_delay_makes_a_read_outside_the_lock_lose_updates(tmp_path, read_under_lock):
+    """With a grant delay every worker waits for the lock at once: a read taken before the lock is stale by the time
+    the write is granted, so updates are lost; reads under the lock lose none."""
+    ctx = multiprocessing.get_context("fork")
+    counter = ctx.Value("l", 0, lock=False)
+    with CountedLock(str(tmp_path), grant_delay=0.003) as lock:
+        procs = [ctx.Process(target=_increment, args=(lock.client(), counter, 20, read_under_lock)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        assert [p.exitcode for p in procs] == [0, 0]
+    if read_under_lock:
+        assert counter.value == 40
+    else:
+        assert counter.value < 40, "no update was lost although every read was taken outside the lock"
+
+
+def test_grant_delay_is_checked():
+    with pytest.raises(ValueError, match="grant_delay"):
+        CountedLock(grant_delay=5)

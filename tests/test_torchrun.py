@@ -388,3 +388,18 @@ def test_a_node_leaves_and_another_joins_an_elastic_job(tmp_path):
     out = result.output()
     assert "WORLD 1 RANK 0 FROM 2" in out and "WORLD 2 RANK 0 FROM 4" in out and "DONE WORLD 2 RANK 0" in out, out
     assert processes_of(result.run_id) == []
+
+
+def test_first_failure_picks_the_first_traceback_of_its_node():
+    """A quiet run prints nothing, so its TorchrunError carries the first failure itself (Lab 09's elastic demo)."""
+    from lab_utils.labkit.torchrun import first_failure
+
+    lines = [(0, "ELASTIC rank 0 resumes at step 0"), (1, "Traceback (most recent call last):"), (0, "noise"),
+             (1, '  File "elastic.py", line 3, in train_elastic'), (1, "NameError: name 'w' is not defined"),
+             (0, "Traceback (most recent call last):")]
+    text = first_failure(lines)
+    assert text.splitlines() == ["[node 1] Traceback (most recent call last):",
+                                 '[node 1]   File "elastic.py", line 3, in train_elastic',
+                                 "[node 1] NameError: name 'w' is not defined"]
+    assert first_failure([(0, "a"), (1, "b")]) == "[node 0] a\n[node 1] b"
+    assert first_failure([]) == "(the agents printed nothing)"

@@ -12,6 +12,12 @@ The socket lives in ``directory`` (default: ``tempfile.gettempdir()``, which und
 grader and the sandboxed subject share at the same path). A client connects lazily, once per process, so a client
 inherited through ``fork`` or sent by pickle works in every worker. A connection that closes while it holds the
 lock releases it (a worker that died does not block the others).
+
+``grant_delay`` makes every request wait that long before it may be granted, so that every worker is waiting for the
+lock at once and the grants interleave the workers. A worker that reads the shared weights *before* it asks for the
+lock then reads weights that another worker's granted update is about to change: its update is lost, and the final
+weights part from a replay of the updates in grant order (``grants``), which a worker that reads under the lock
+matches exactly (Lab 09's test of the locked baseline).
 """
 from __future__ import annotations
 
@@ -35,9 +41,13 @@ class CountedLock:
     """The server side: a mutual-exclusion lock whose grants are recorded here. Use ``client()`` in workers.
 
     ``grants``: one ``(pid, acquired_s, released_s)`` per acquisition, in grant order (seconds since the lock was
-    made; ``released_s`` is None while held); ``acquisitions`` and ``pids`` summarise them."""
+    made; ``released_s`` is None while held); ``acquisitions`` and ``pids`` summarise them. ``grant_delay``: seconds
+    each request waits before it may be granted (module docstring)."""
 
-    def __init__(self, directory: str | None = None):
+    def __init__(self, directory: str | None = None, grant_delay: float = 0.0):
+        if not 0 <= grant_delay <= 1:
+            raise ValueError(f"grant_delay is in seconds, between 0 and 1, got {grant_delay!r}")
+        self.grant_delay = grant_delay
         self.address = os.path.join(directory or tempfile.gettempdir(), f".dtlabs-lock-{uuid.uuid4().hex[:10]}.sock")
         self.grants: list = []
         self._mutex = threading.Lock()  # the lock itself
@@ -94,6 +104,8 @@ class CountedLock:
             while not self._closed:
                 cmd = conn.recv(1)
                 if cmd == _ACQUIRE and held is None:
+                    if self.grant_delay:
+                        time.sleep(self.grant_delay)
                     self._mutex.acquire()
                     with self._record:
                         held = len(self.grants)

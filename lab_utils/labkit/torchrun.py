@@ -433,9 +433,22 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
         print(f"[torchrun] port {port} was taken by another process; retrying on a new port", flush=True)
     if check and not result.ok:
         codes = ", ".join(f"node {n}: {c}" for n, c in enumerate(result.returncodes) if n not in result.left)
+        if quiet:  # nothing was printed: the error carries the first failure itself
+            raise TorchrunError(f"torchrun failed (exit codes {codes}); the first failure in its output:\n"
+                                f"{first_failure(result.lines)}", result)
         raise TorchrunError(f"torchrun failed (exit codes {codes}); the output above shows which rank failed "
                             "first (look for the first Traceback).", result)
     return result
+
+
+def first_failure(lines, context: int = 40) -> str:
+    """The first Traceback in a run's (node, text) lines and what follows it on that node, else the last lines."""
+    start = next((i for i, (_, text) in enumerate(lines) if "Traceback" in text), None)
+    if start is None:
+        picked = lines[-context // 2:]
+    else:
+        picked = [(n, t) for n, t in lines[start:] if n == lines[start][0]][:context]
+    return "\n".join(f"[node {n}] {t}" for n, t in picked) or "(the agents printed nothing)"
 
 
 def _agent_main(argv):

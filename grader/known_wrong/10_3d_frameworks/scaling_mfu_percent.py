@@ -17,6 +17,6 @@ def chinchilla_optimal(compute_flops, tokens_per_param=20):
     return n, tokens_per_param * n
 
 
-def training_days(num_params, num_tokens, num_devices, peak_flops_per_device, mfu):
-    """Wall-clock days of a run of 6ND FLOPs on num_devices devices at the given MFU."""
-    return training_flops(num_params, num_tokens) / (num_devices * peak_flops_per_device * mfu) / 86400
+def training_days(num_params, num_tokens, num_devices, peak_flops_per_device, utilization):
+    """Wall-clock days of a run of 6ND FLOPs on num_devices devices, each at `utilization` (its MFU) of its peak."""
+    return training_flops(num_params, num_tokens) / (num_devices * peak_flops_per_device * utilization) / 86400
