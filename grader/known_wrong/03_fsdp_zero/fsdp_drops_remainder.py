@@ -1,5 +1,6 @@
 # replaces: FSDP
 # loses: test_fsdp_scratch_matches_one_process
+# nightly: another wrong answer to a cell that four per-push answers target (keeps make test's swap session short)
 # mistake: chunks of numel // world_size elements: when numel does not divide by the world size the last elements
 #          belong to no rank (the hidden tests' sizes are odd)
 class FSDP(torch.nn.Module):
