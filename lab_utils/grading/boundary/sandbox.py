@@ -257,10 +257,14 @@ def exposure(protect=(), read_only=()) -> list[str]:
     if entry is None:
         return [why]
     parents = {str(Path(p).parent) for p in protect}  # the course itself: no submission adds a file to it
-    run = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", EXPOSURE_CHECK, json.dumps([list(protect), installed_paths() + sorted(parents) + list(read_only)])],
-        user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    try:
+        run = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", EXPOSURE_CHECK,
+             json.dumps([list(protect), installed_paths() + sorted(parents) + list(read_only)])],
+            user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except OSError as exc:  # this Python lies where that user cannot go (a venv made from a Python under /root)
+        return [f"the check could not run as {entry.pw_name!r}: {sys.executable}: {exc.strerror}"]
     if run.returncode != 0:
         return [f"the check could not run as {entry.pw_name!r}: {run.stderr.strip()[-300:]}"]
     return json.loads(run.stdout)
