@@ -103,18 +103,18 @@ def test_merge_job_on_a_gradebook_without_the_lab(synthetic_course, tmp_path, no
     dtlabs = [sys.executable, "-m", "lab_utils.cli"]
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
     env["PATH"] = "/usr/bin:/bin"
-    env["DTLABS_SANDBOX"] = "off"  # a node without bubblewrap
+    env["DTLABS_SANDBOX"] = "unprotected"  # a node without bubblewrap, graded without a boundary by name
     task = subprocess.run([*dtlabs, "grade-one", LAB, "dee", "--out", str(results), "--course-root", str(root)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert task.returncode == 0, task.stdout + task.stderr
-    assert "WARNING: dtlabs: bubblewrap (bwrap) is not available" in task.stderr
-    assert "dee/00_synthetic: 3/3 - graded without bubblewrap on" in task.stdout
+    assert "WARNING: dtlabs: grading WITHOUT A BOUNDARY" in task.stderr
+    assert "dee/00_synthetic: 3/3 - sandbox: taken without a boundary (--unprotected)" in task.stdout
     assert not (root / "grader" / "work" / "gradebook.db").exists(), "a task must not create the course's gradebook"
     env.pop("DTLABS_SANDBOX")
     merge = subprocess.run([*dtlabs, "merge", str(results), "--course-root", str(root)],
                            env=env, capture_output=True, text=True, timeout=300)
     assert merge.returncode == 0, merge.stdout + merge.stderr
-    assert "dee/00_synthetic: 3/3 - graded without bubblewrap on" in merge.stdout
+    assert "dee/00_synthetic: 3/3 - sandbox: taken without a boundary (--unprotected)" in merge.stdout
     assert grading.cell_scores(root, LAB, "dee") == {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0)}
 
 

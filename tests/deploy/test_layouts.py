@@ -6,7 +6,7 @@ The three layouts of a grading host:
   tests/deploy/test_slurm.py grades a class in it (good, empty, known-wrong, a cheat, a hanging cell) with
   ``dtlabs grade --jobs 2`` and as a Slurm array, with the same assertions as here;
 - (b) a plain ``pip install`` of the wheel into a separate venv (its path with a space too), no editable package;
-- (c) the fallback sandbox (``DTLABS_SANDBOX=off``), as on a host without bubblewrap.
+- (c) unprotected (``DTLABS_SANDBOX=off``, the instructor's choice by name), as on a host without bubblewrap.
 Each must give full marks / 0 / less than full, behind the lab's canary, with exit code 0 and nothing NOT GRADED.
 """
 from __future__ import annotations
@@ -98,6 +98,6 @@ def test_a_plain_wheel_install_in_a_separate_venv(course, layout_course):
 
 @pytest.mark.timeout(900)
 def test_the_fallback_sandbox(course, layout_course):
-    """(c) no bubblewrap (``DTLABS_SANDBOX=off``): the same grades, with the fallback's limits and guard."""
-    _grade(course / ".venv" / "bin" / "python", layout_course, "(c) fallback (DTLABS_SANDBOX=off)",
+    """(c) unprotected (``DTLABS_SANDBOX=off``): the same grades, with the limits and the course guard."""
+    _grade(course / ".venv" / "bin" / "python", layout_course, "(c) unprotected (DTLABS_SANDBOX=off)",
            DTLABS_SANDBOX="off")
