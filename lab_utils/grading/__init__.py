@@ -13,7 +13,7 @@
 | outcomes         | what each grading run said (graded or not, why, seconds), kept beside the gradebook      |
 | feedback         | feedback HTML without hidden tests                                                       |
 | validate         | the student's pre-submission check, with an exit code                                    |
-| boundary/        | the submission kept in: files copied as data, the sandbox, the fallback's course guard   |
+| boundary/        | the submission kept in: files copied as data, the sandbox, the unprotected mode's guard  |
 | export/          | grades out: Gradescope autograder, Canvas CSV, late penalties, the class report          |
 | split/           | split execution: answers in the sandboxed subject, tests in the grader kernel            |
 | quality/         | tests of the tests: answer swaps, mutation testing, stress under load                    |

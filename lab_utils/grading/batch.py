@@ -148,14 +148,14 @@ class _Batch:
         self.scratch_dirs: list = []
 
     def _guard(self) -> str:
-        """Put back what the last submission changed in the course (the fallback); the grade line's note."""
+        """Put back what the last submission changed in the course (unprotected); the grade line's note."""
         touched = self.guard.restore() if self.guard is not None else []  # GuardError stops the batch
         if self.guard is not None:
             self.guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
         return _put_back_reason(touched, self.course_root)
 
     def record(self, lab, student, digest, res: Result | None, failure: str | None) -> None:
-        """Merge a graded result, or say why it was not; put back what it changed (the fallback)."""
+        """Merge a graded result, or say why it was not; put back what it changed (unprotected)."""
         put_back = self._guard()
         merged = False
         if res is None:
@@ -291,9 +291,9 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     except sandbox.SandboxUnavailable as exc:
         out(f"cannot grade: {exc}")
         return 2
-    fallback = sandbox.mode() == "unprotected"
-    if fallback:
-        out("WARNING: " + sandbox.FALLBACK_WARNING)
+    unprotected = sandbox.mode() == "unprotected"
+    if unprotected:
+        out("WARNING: " + sandbox.UNPROTECTED_WARNING)
         if int(jobs) > 1:
             out(f"--jobs {jobs} needs a boundary: without one the course is checked between submissions, so they "
                 "are graded one at a time")
@@ -334,7 +334,7 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             todo += [(lab, student, digest, tdir) for student, digest in fresh[lab]]
 
     guard = None
-    if fallback and todo:  # bubblewrap hides all of this from a submission; without it, put back what one changed
+    if unprotected and todo:  # a boundary hides all of this from a submission; without one, put back what one changed
         work = course_root / WORK
         guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / outcomes.RECORD,
                        work / "submitted",

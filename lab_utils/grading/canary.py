@@ -239,7 +239,7 @@ def doctor(labs=None, *, course_root=None, cell_timeout=None, fix=False, out=pri
         out("PROBLEM " + sandbox.refusal())
         return 1
     else:
-        out(sandbox.FALLBACK_WARNING)
+        out(sandbox.UNPROTECTED_WARNING)
     failed = 0
     for lab in labs or discover_labs(course_root):
         verdict = check(course_root, lab, cell_timeout=cell_timeout, force=True, out=out)

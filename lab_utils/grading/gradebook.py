@@ -67,7 +67,7 @@ def expected_dates(template_root: Path | str, lab: str, submitted: Path, due) ->
 
 def tampering(scratch_root: Path | str, lab: str, student: str, expected: tuple) -> list[str]:
     """What a submission changed in the scratch gradebook it was graded in, possible only where no sandbox hides the
-    file (the fallback): scores autograde never writes (manual, extra credit), its submission time or the lab's due
+    file (unprotected): scores autograde never writes (manual, extra credit), its submission time or the lab's due
     date (``expected``: ``expected_dates``). Each would change its grade or its late penalty."""
     from nbgrader.api import Gradebook, MissingEntry
 

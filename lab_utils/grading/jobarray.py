@@ -172,7 +172,7 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     except sandbox.SandboxUnavailable as exc:
         reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {exc}")
     if not reasons and sandbox.mode() == "unprotected":
-        print("WARNING: " + sandbox.FALLBACK_WARNING, file=sys.stderr, flush=True)
+        print("WARNING: " + sandbox.UNPROTECTED_WARNING, file=sys.stderr, flush=True)
     if not any(sandbox.ENVIRONMENT in r for r in reasons):
         # as `dtlabs grade` does: this node grades no one until the lab's solution and release grade right here
         # (the first task of a user on a node grades them; the others read its verdict)

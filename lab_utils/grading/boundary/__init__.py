@@ -3,7 +3,7 @@
 | module  | its one job                                                                                   |
 |---------|-----------------------------------------------------------------------------------------------|
 | files   | a submission's files copied as data: no link followed, no special file, within limits         |
-| sandbox | the box a submission's code runs in: bubblewrap, or the fallback, with its limits and watchdog |
+| sandbox | the boundary a submission's code runs in: bubblewrap, a separate user, or unprotected by name; limits, watchdog |
 | guard   | without bubblewrap: what a submission changed in the course, put back and named               |
 | ids     | student ids at the door: the one rule for a name that becomes a folder, a row, a CSV cell     |
 | inert   | a submitted notebook made inert: nothing in it runs in the formgrader's or the feedback page  |

@@ -6,7 +6,7 @@ course's gradebook and grading records, the submitted notebooks, the per-lab tem
 the grader runs (``lab_utils``, ``solutions/``, ``grader/`` config). ``Guard`` reads them into memory while no
 submission runs; after each submission's sandbox is gone, ``restore`` puts back every byte that changed and
 removes what appeared, and names the files, so that submission's grade line says what it did. ``dtlabs grade``
-therefore grades one submission at a time in the fallback: a check between two submissions can only tell who
+therefore grades one submission at a time unprotected: a check between two submissions can only tell who
 changed a file when one ran.
 
 ``StartupWatch`` watches what a later grading process runs at its start (the venv, the user's Jupyter and IPython

@@ -41,7 +41,7 @@ ENVIRONMENT = "environment:"  # a reason that carries this is the grading machin
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
             "DTLABS_TEST_TOKEN", "DTLABS_GRADING_TOKEN")  # random markers the leak checks count processes by
-FALLBACK_WARNING = (
+UNPROTECTED_WARNING = (
     "dtlabs: grading WITHOUT A BOUNDARY (--unprotected): submissions run as this user, with resource limits only. "
     "Their code can read what this user can read (the solutions included) and write what it can write; dtlabs grade "
     "puts back the course's grading files and stops if the venv changed, one submission at a time, and every grade "
@@ -273,11 +273,11 @@ def exposure(protect=(), read_only=()) -> list[str]:
 _warned = False
 
 
-def warn_fallback_once() -> None:
+def warn_unprotected_once() -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
+        warnings.warn(UNPROTECTED_WARNING, RuntimeWarning, stacklevel=2)
 
 
 def shared_tmp(workdir) -> Path:
@@ -423,7 +423,7 @@ def command(argv: list[str], workdir: Path, env: dict, limits: Limits | None = N
     if mode() == "user":
         hand_over(workdir)
     else:
-        warn_fallback_once()
+        warn_unprotected_once()
     return argv, _env(str(workdir), {**env, "PYTHONPATH": str(private), "PYTHONNOUSERSITE": "1"}), str(workdir)
 
 

@@ -160,7 +160,7 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
                         user=dt.subject_user)
     except sandbox.SandboxUnavailable as exc:
         return environment_error(manifest, str(exc)), 1
-    out(f"sandbox: {sandbox.mode()}" + (f" ({sandbox.FALLBACK_WARNING})" if sandbox.mode() == "unprotected" else ""))
+    out(f"sandbox: {sandbox.mode()}" + (f" ({sandbox.UNPROTECTED_WARNING})" if sandbox.mode() == "unprotected" else ""))
     verdict = canary.check(course, lab, timeout=dt.submission_timeout, out=out)
     out(f"canary: solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, release {verdict.release[0]:g}/"
         f"{verdict.release[1]:g}" + (" (kept verdict)" if verdict.cached else f" ({verdict.seconds:.0f} s)"))
