@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.grading.boundary.guard import Guard, GuardError
+from lab_utils.grading.boundary.guard import Guard, GuardError, StartupWatch
 
 
 @pytest.fixture
@@ -91,3 +91,48 @@ def test_a_file_that_cannot_be_put_back_stops_with_its_name(course, monkeypatch)
     monkeypatch.setattr(Path, "write_bytes", refuse)
     with pytest.raises(GuardError, match=r"solutions/lab\.ipynb.*read-only"):
         guard.restore()
+
+
+@pytest.fixture
+def startup(tmp_path):
+    """A venv's site-packages, a home's IPython folder and a course's ``grader/`` on the Jupyter config path (holding
+    the grading records that every grading writes beside the course's nbgrader config)."""
+    venv = tmp_path / "venv" / "site-packages"
+    venv.mkdir(parents=True)
+    (venv / "torch.py").write_text("")
+    ipython = tmp_path / "home" / ".ipython" / "profile_default" / "startup"
+    ipython.mkdir(parents=True)
+    grader = tmp_path / "course" / "grader"
+    (grader / "work").mkdir(parents=True)
+    (grader / "kernels" / "python3").mkdir(parents=True)
+    (grader / "nbgrader_config.py").write_text("c = get_config()")
+    (grader / "kernels" / "python3" / "kernel.json").write_text("{}")
+    (grader / "work" / "graded.json").write_text("{}")
+    watch = StartupWatch([venv.parent], [tmp_path / "home" / ".ipython"], [grader])
+    watch.snapshot()
+    return venv, ipython, grader, watch
+
+
+def test_a_new_pth_file_or_startup_script_is_removed_and_named(startup):
+    venv, ipython, _, watch = startup
+    (venv / "backdoor.pth").write_text("import os")
+    (ipython / "00-backdoor.py").write_text("import os")
+    added = watch.check()
+    assert sorted(Path(p).name for p in added) == ["00-backdoor.py", "backdoor.pth"]
+    assert not (venv / "backdoor.pth").exists() and not (ipython / "00-backdoor.py").exists()
+
+
+def test_a_changed_kernel_spec_or_package_stops_grading(startup):
+    venv, _, grader, watch = startup
+    (grader / "kernels" / "python3" / "kernel.json").write_text('{"argv": ["sh"]}')
+    (venv / "torch.py").write_text("evil = 1")
+    with pytest.raises(GuardError, match=r"kernel\.json.*torch\.py"):
+        watch.check()
+
+
+def test_grading_records_beside_a_jupyter_config_folder_are_not_startup_code(startup):
+    """Another grading of the course on the Jupyter config path writes its records there while this one runs."""
+    _, _, grader, watch = startup
+    (grader / "work" / "graded.json").write_text('{"alice": 1}')
+    (grader / "work" / "grading-outcomes.json").write_text("{}")
+    assert watch.check() == []

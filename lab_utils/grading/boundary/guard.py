@@ -112,17 +112,28 @@ class StartupWatch:
     removed (so is any changed bytecode, which Python rebuilds), and any other change stops grading, since only a
     reinstall can put it back."""
 
-    def __init__(self, roots, config_roots=(), skip_names=("runtime", "__pycache__")):
+    def __init__(self, roots, config_roots=(), jupyter_roots=(), skip_names=("runtime", "__pycache__")):
         self.roots = [Path(r) for r in roots if Path(r).exists()]  # every file counts
         self.config_roots = [Path(r) for r in config_roots if Path(r).exists()]  # files that configure or run code
+        self.jupyter_roots = [Path(r) for r in jupyter_roots if Path(r).exists()]  # what Jupyter reads there only
         self.skip_names = set(skip_names)
         self.seen: dict[str, tuple] = {}
 
+    def _walks(self):
+        """(root, every file counts) for each folder to scan; a Jupyter path entry (a course's ``grader/`` on
+        ``JUPYTER_CONFIG_PATH``) only as far as Jupyter reads it, since grading writes its own records beside that."""
+        for root in self.roots:
+            yield root, True
+        yield from ((root, False) for root in self.config_roots)
+        for root in self.jupyter_roots:
+            yield root, None
+
     def _scan(self) -> dict[str, tuple]:
         seen = {}
-        for root in (*self.roots, *self.config_roots):
-            every = root in self.roots
+        for root, every in self._walks():
             for dirpath, dirnames, filenames in os.walk(root):
+                if every is None and dirpath == str(root):
+                    dirnames[:] = [d for d in dirnames if d in JUPYTER_READS or d.endswith(".d")]
                 dirnames[:] = [d for d in dirnames if every or d not in self.skip_names]
                 for name in filenames:
                     if not every and not name.endswith(CODE_SUFFIXES):
@@ -161,6 +172,8 @@ class StartupWatch:
         return added
 
 
+# the folders of a Jupyter config or data path entry that Jupyter reads (its config files lie at the top)
+JUPYTER_READS = ("nbconfig", "labconfig", "serverconfig", "custom", "kernels", "nbextensions", "labextensions", "lab")
 CODE_SUFFIXES = (".py", ".pth", ".json", ".ipy", ".pyc", ".so", ".sh", ".cfg", ".toml", ".ini", ".yaml", ".yml")
 
 
@@ -172,9 +185,14 @@ def startup_watch() -> StartupWatch:
     from lab_utils.grading.boundary import sandbox
 
     home = Path.home()
-    mine = [home / ".jupyter", home / ".ipython", home / ".local", home / ".config",
-            *map(Path, paths.jupyter_config_path()), *map(Path, paths.jupyter_path())]
+    mine = [home / ".jupyter", home / ".ipython", home / ".local", home / ".config"]
+    jupyter = [*map(Path, paths.jupyter_config_path()), *map(Path, paths.jupyter_path())]
     installed = sandbox.installed_paths()
-    writable = [str(p) for p in mine if p.exists() and os.access(p, os.W_OK)
-                and not any(str(p.resolve()).startswith(i) for i in installed)]
-    return StartupWatch(installed, list(dict.fromkeys(writable)))
+
+    def writable(folders):
+        return list(dict.fromkeys(str(p) for p in folders if p.exists() and os.access(p, os.W_OK)
+                                  and not any(str(p.resolve()).startswith(i) for i in installed)))
+
+    config = writable(mine)
+    return StartupWatch(installed, config, [p for p in writable(jupyter)
+                                            if not any(p == c or p.startswith(c + os.sep) for c in config)])
