@@ -69,6 +69,11 @@ class DTLabs(Configurable):
         True, help="Fork each nbgrader run from a server that has imported nbgrader once (about a CPU-second saved "
                    "per submission). Off: every run is a fresh `python -m nbgrader`. Either way the run is the same."
     ).tag(config=True, env="DTLABS_WARM_NBGRADER")
+    warm_kernels = Bool(
+        True, help="Fork grader kernels (grading, `dtlabs validate`, the test suite) from a server that has imported "
+                   "ipykernel, torch and numpy once (0.4-2 CPU-s saved per kernel). Off, or where the server cannot "
+                   "run (`dtlabs doctor` says why), every kernel is a fresh `python -m ipykernel_launcher`."
+    ).tag(config=True, env="DTLABS_WARM_KERNELS")
     unsafe_plain_execute = Bool(
         False, help="Only for benchmarks/bench_grading.py's baseline: grade with nbgrader's own Execute, student code "
                     "in the grader's kernel, no sandbox. Never for a class."

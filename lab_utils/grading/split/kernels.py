@@ -10,6 +10,9 @@ replies to kernel_info: a grade, a ``dtlabs validate`` or a papermill run lost t
 reachable from a sandbox with its own network namespace (the grading subject). Elsewhere it is a plain
 ``AsyncKernelManager`` on TCP. Every notebook executor of the course uses it: grading (``SplitExecute``),
 ``dtlabs validate``, the answer-swap sessions, and the tests' papermill and nbclient runs.
+
+Its kernels are provisioned by ``dtlabs-warm`` (``lab_utils.grading.split.provisioner``: forked from a warm server)
+while ``c.DTLabs.warm_kernels`` is on; kernels JupyterLab starts for a student never use this manager.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import uuid
 
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
+
+from lab_utils import settings
 
 ABSTRACT_SOCKETS = sys.platform.startswith("linux")
 
@@ -36,3 +41,13 @@ class PrivateSocketKernelManager(AsyncKernelManager):
             # the ports are 1..5, and the names are unique through the uuid.
             return f"@dtlabs-kernel-{uuid.uuid4().hex}"
         return super()._ip_default()
+
+    @property
+    def kernel_spec(self):
+        """The kernel's spec, with the warm provisioner unless the spec names its own or warm kernels are off."""
+        spec = super().kernel_spec
+        if spec is not None and "kernel_provisioner" not in spec.metadata and settings.load().warm_kernels:
+            from lab_utils.grading.split.provisioner import NAME
+
+            spec.metadata = {**spec.metadata, "kernel_provisioner": {"provisioner_name": NAME}}
+        return spec

@@ -1,0 +1,92 @@
+"""The kernel provisioner of the course's notebook executors: grader kernels forked warm, else started cold, saying why.
+
+``WarmKernelProvisioner`` is jupyter_client's ``LocalProvisioner`` with one change: ``launch_kernel`` asks a warm
+server (``lab_utils.grading.split.warm``) to fork the kernel instead of running ``python -m ipykernel_launcher``.
+Everything else (interrupts and kills sent to the kernel's process group, restarts, waiting, the connection file)
+is ``LocalProvisioner``'s, on a process object that behaves as its ``Popen``. It is registered as the entry point
+``dtlabs-warm`` (group ``jupyter_client.kernel_provisioners``) and chosen only by
+``PrivateSocketKernelManager`` (grading, ``dtlabs validate``, the answer swaps, the tests' notebook runs) while
+``c.DTLabs.warm_kernels`` is on: a student's kernel in JupyterLab is started as it always was.
+
+A kernel starts cold where the warm server cannot serve it (another interpreter or kernel command, another import
+environment, a server that could not start or import); the log says why, once per reason, and ``dtlabs doctor``
+says whether this machine's kernels start warm.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning import LocalProvisioner
+
+from lab_utils.grading.split import warm
+
+NAME = "dtlabs-warm"
+_SAID: set = set()
+
+
+def why_cold(cmd: list, env: dict | None = None) -> str | None:
+    """Why a kernel with command ``cmd`` would start cold (None: it can start warm)."""
+    from lab_utils import settings
+
+    if not settings.load().warm_kernels:
+        return "c.DTLabs.warm_kernels is off"
+    if not sys.platform.startswith("linux"):
+        return "forked kernels need Linux (/proc, PR_SET_PDEATHSIG)"
+    if len(cmd) < 3 or cmd[1:3] != ["-m", "ipykernel_launcher"]:
+        return f"the kernel command is not `python -m ipykernel_launcher`: {' '.join(cmd[:3])}"
+    if os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+        return f"the kernel runs another interpreter ({cmd[0]}) than the warm server ({sys.executable})"
+    return None
+
+
+class WarmKernelProvisioner(LocalProvisioner):
+    """``LocalProvisioner``, with the kernel forked by a warm server where it can be (module docstring)."""
+
+    warm = False  # whether the running kernel was forked warm (tests and doctor read it)
+    cold_reason: str | None = None
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        env = kwargs.get("env")
+        env = dict(os.environ if env is None else env)
+        env.pop(warm.ADDRESS_VAR, None)  # what runs in the kernel never asks the server for anything
+        if not kwargs.get("independent"):
+            env["JPY_PARENT_PID"] = str(os.getpid())  # as launch_kernel sets it; the kernel's poller then watches
+        why = why_cold(cmd, env)
+        if why is None:
+            devnull = os.open(os.devnull, os.O_RDWR)  # stdin: launch_kernel gives a pipe it closes at once
+            try:
+                child = warm.fork(cmd[3:], env, kwargs.get("cwd") or os.getcwd(),
+                                  fds=(devnull, _fd(kwargs.get("stdout"), 1, devnull), _fd(kwargs.get("stderr"), 2, devnull)))
+            except warm.Refused as exc:
+                why = str(exc)
+                child = None
+            finally:
+                os.close(devnull)
+            if child is not None:
+                self.process, self.pid, self.pgid = child, child.pid, child.pid  # it leads its own session
+                self.cwd = kwargs.get("cwd") or os.getcwd()
+                self.warm, self.cold_reason = True, None
+                return self.connection_info
+        self.warm, self.cold_reason = False, why
+        kwargs["env"] = env
+        if why not in _SAID:
+            _SAID.add(why)
+            self.log.warning("dtlabs: this kernel starts cold: %s", why)
+        return await super().launch_kernel(cmd, **kwargs)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        if isinstance(self.process, warm.WarmChild):
+            self.process.close()
+        await super().cleanup(restart)
+
+
+def _fd(stream, default: int, devnull: int) -> int:
+    """The descriptor ``Popen`` would give the kernel for ``stream`` (None: this process's own)."""
+    if stream is None:
+        return default
+    if stream == -3:  # subprocess.DEVNULL
+        return devnull
+    return stream if isinstance(stream, int) else stream.fileno()
