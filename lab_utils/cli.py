@@ -30,6 +30,9 @@ def _doctor(args) -> int:
     from lab_utils.launcher.doctor import doctor
 
     code = int(doctor())
+    from lab_utils.grading.split.provisioner import doctor_line
+
+    print(doctor_line())
     if args.grading is None:
         return code
     from lab_utils.grading import canary

@@ -145,6 +145,10 @@ def run_nbgrader(args, *, course_root=None, cell_timeout=None, timeout=None, ech
     env = nbgrader_env(course_root, cell_timeout, config_root)
     env.update(env_extra or {})
     env[TOKEN_VAR] = token
+    if args and str(args[0]) in ("autograde", "validate"):  # their kernels fork from this process's warm server
+        from lab_utils.grading.split.warm import shared_env
+
+        env.update(shared_env(env))
     cmd = [sys.executable, "-m", "nbgrader", *map(str, args)]
     start = time.monotonic()
     proc = _warm_run(cmd[3:], env, str(course_root))

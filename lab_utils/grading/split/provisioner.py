@@ -90,3 +90,35 @@ def _fd(stream, default: int, devnull: int) -> int:
     if stream == -3:  # subprocess.DEVNULL
         return devnull
     return stream if isinstance(stream, int) else stream.fileno()
+
+
+def doctor_line() -> str:
+    """``dtlabs doctor``'s line on grader kernels: warm (a kernel forked and ran here) or cold, and why."""
+    import time
+
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        cmd = KernelSpecManager().get_kernel_spec("python3").argv
+    except NoSuchKernel:
+        return "kernels     cold: no python3 kernel is installed here"
+    if cmd and cmd[0] in ("python", f"python{sys.version_info[0]}", "python%i.%i" % sys.version_info[:2]):
+        cmd = [sys.executable, *cmd[1:]]  # as jupyter_client's format_kernel_cmd runs its native kernel
+    why = why_cold(cmd)
+    if why is None:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        start = time.perf_counter()
+        try:
+            child = warm.fork(["--version"], dict(os.environ), os.getcwd(), fds=(devnull, devnull, devnull))
+            code = child.wait(timeout=60)
+            child.close()
+            if code != 0:
+                why = f"a kernel forked from the warm server exited with {code}"
+        except (warm.Refused, OSError) as exc:
+            why = str(exc)
+        finally:
+            os.close(devnull)
+    if why is not None:
+        return f"kernels     cold (each grader kernel starts a fresh interpreter): {why}"
+    return (f"kernels     warm: grader kernels fork from a server that imported {len(warm.PRELOAD)} modules "
+            f"(a forked ipykernel ran here in {time.perf_counter() - start:.2f} s, the server's start included)")

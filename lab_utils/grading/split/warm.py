@@ -200,7 +200,12 @@ def own_server(env: dict) -> Server:
 
 def shared_env(env: dict) -> dict:
     """``{ADDRESS_VAR: ...}`` naming this process's server for ``env`` (started if need be), for the processes it
-    starts (a grading's nbgrader runs) to fork their kernels from; empty where no server can run."""
+    starts (a grading's nbgrader runs) to fork their kernels from; empty where warm kernels are off or no server
+    can run (the kernels then start cold and say why)."""
+    from lab_utils import settings
+
+    if not settings.load().warm_kernels or not sys.platform.startswith("linux"):
+        return {}
     try:
         server = own_server(env)
     except Refused:
@@ -486,9 +491,13 @@ def _become(request: dict, fds, server: int, close_fds, ready_w: int) -> None:
     import tempfile
 
     tempfile.tempdir = None  # found again from the kernel's TMPDIR
-    # sys.path is the server's, built from the same PYTHONPATH (import_key) under -P -s: ipykernel adds the folder
-    # itself unless it ignores it (as a cold kernel's would), and the user's site-packages come here unless
-    # PYTHONNOUSERSITE says not (after the site-packages, where a cold start puts them before)
+    # sys.path is the server's, built from the same PYTHONPATH (import_key) under -P -s. The folder: IPython puts ''
+    # before site-packages unless the kernel ignores it or runs under -P/PYTHONSAFEPATH, which it reads from
+    # sys.flags (the server's -P): done here as it would be. The user's site-packages come unless PYTHONNOUSERSITE
+    # says not (after the site-packages, where a cold start puts them before).
+    if not env.get("PYTHONSAFEPATH") and "--IPKernelApp.ignore_cwd=True" not in request["argv"]:
+        at = next((i for i, p in enumerate(sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")), 0)
+        sys.path.insert(at, "")
     if not env.get("PYTHONNOUSERSITE"):
         import site
 
