@@ -241,14 +241,14 @@ def fork(argv: list, env: dict, cwd: str, fds=(0, 1, 2)) -> WarmChild:
         try:
             if address is None:
                 address = own_server(env).address
-            return _request(address, argv, env, cwd, fds, key)
+            return _request(address, argv, env, cwd, fds)
         except Refused as exc:
             why = exc
     raise why
 
 
-def _request(address, argv, env, cwd, fds, key) -> WarmChild:
-    request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "key": key,
+def _request(address, argv, env, cwd, fds) -> WarmChild:
+    request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd),
                "umask": _umask(), "rlimits": _rlimits()}
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -378,7 +378,7 @@ def _fork_one(conn: socket.socket, key: str, server: int, close_fds) -> int | No
     except (OSError, ValueError):
         return None
     refusal = None
-    if request.get("key") != key:
+    if import_key(request["env"]) != key:
         refusal = "the kernel's interpreter or import environment differs from the warm server's"
     elif len(_env_blob(request["env"])) > _area("env")[1] - _area("env")[0]:
         refusal = "the kernel's environment is larger than a forked kernel can show in /proc/PID/environ"

@@ -1,0 +1,205 @@
+"""Grader kernels forked from a warm server (lab_utils.grading.split.warm, .provisioner) keep a kernel's lifecycle:
+an interrupt, a restart, a kill, the death of the process that started it and the token grading reaps by all mean
+what they mean for a cold kernel; where no warm start is possible the kernel starts cold and says why."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from lab_utils.grading import processes_with_token
+from lab_utils.grading.split import provisioner, warm
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked kernels are Linux's")
+
+PROBE = "import os, json; print(json.dumps({'pid': os.getpid(), 'pgid': os.getpgid(0), 'sid': os.getsid(0)}))"
+
+
+async def _run(kc, code: str, timeout: float = 60) -> dict:
+    """Execute ``code``; its stdout text and the reply's status."""
+    out = []
+    reply = await kc.execute_interactive(code, timeout=timeout,
+                                         output_hook=lambda m: out.append(m["content"].get("text", "")))
+    return {"status": reply["content"]["status"], "ename": reply["content"].get("ename"), "text": "".join(out)}
+
+
+async def _started(km):
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=60)
+    return kc
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_grader_kernel_is_forked_warm_and_is_what_a_cold_one_would_be(no_leaked_processes, tmp_path):
+    token = "warm-" + os.urandom(8).hex()
+
+    async def go():
+        km = PrivateSocketKernelManager(kernel_name="python3")
+        env = {**os.environ, "DTLABS_GRADING_TOKEN": token, "PYTHONSAFEPATH": "1"}
+        await km.start_kernel(env=env, cwd=str(tmp_path))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            assert km.provisioner.warm, f"the kernel started cold: {km.provisioner.cold_reason}"
+            r = await _run(kc, PROBE + "\nimport sys; print(os.getcwd()); print('' in sys.path)")
+            info = json.loads(r["text"].splitlines()[0])
+            assert r["text"].splitlines()[1:] == [str(tmp_path), "False"], r["text"]
+            kernel = psutil.Process(info["pid"])
+            assert info["pid"] == km.provisioner.pid == info["pgid"] == info["sid"], (
+                "the forked kernel must lead its own session and group, as a cold one does: an interrupt or a kill "
+                f"goes to that group ({info})")
+            assert kernel.parent().name() == "dtlabs-warm"
+            # grading reaps by the token in /proc/PID/environ: a forked kernel shows its own environment there
+            assert [p.pid for p in processes_with_token(token)] == [info["pid"]], (
+                "the grading token does not find the forked kernel: it would outlive its grading")
+            assert "ipykernel_launcher" in " ".join(kernel.cmdline())
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+        assert _gone(info["pid"])
+
+    asyncio.run(go())
+
+
+def test_interrupt_restart_and_kill_keep_their_meaning(no_leaked_processes):
+    async def go():
+        km = PrivateSocketKernelManager(kernel_name="python3")
+        kc = await _started(km)
+        try:
+            assert km.provisioner.warm, km.provisioner.cold_reason
+            first = json.loads((await _run(kc, PROBE))["text"])["pid"]
+            # an interrupt stops a running cell with KeyboardInterrupt, and the kernel lives on
+            running = asyncio.ensure_future(_run(kc, "import time; time.sleep(120)", timeout=90))
+            await asyncio.sleep(1.5)
+            t0 = time.monotonic()
+            await km.interrupt_kernel()
+            r = await running
+            assert r["ename"] == "KeyboardInterrupt" and time.monotonic() - t0 < 15, r
+            assert json.loads((await _run(kc, PROBE))["text"])["pid"] == first
+            # a restart is a new kernel, forked warm again, with a fresh namespace
+            await _run(kc, "marker = 1")
+            await km.restart_kernel(now=True)
+            await kc.wait_for_ready(timeout=60)
+            assert km.provisioner.warm, km.provisioner.cold_reason
+            assert _gone(first), "the kernel before the restart is still there"
+            r = await _run(kc, PROBE + "\nprint('marker' in globals())")
+            second = json.loads(r["text"].splitlines()[0])["pid"]
+            assert second != first and r["text"].splitlines()[1] == "False", r
+            # a kill takes the kernel and what it started in its group
+            r = await _run(kc, "import subprocess; print(subprocess.Popen(['sleep', '300']).pid)")
+            sleeper = int(r["text"])
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+        assert _gone(second) and _gone(sleeper), "a killed kernel left itself or its children behind"
+
+    asyncio.run(go())
+
+
+CLIENT = """
+import asyncio, os, sys
+from lab_utils.grading.split.kernels import PrivateSocketKernelManager
+async def go():
+    km = PrivateSocketKernelManager(kernel_name="python3")
+    await km.start_kernel()
+    kc = km.client(); kc.start_channels(); await kc.wait_for_ready(timeout=60)
+    print(km.provisioner.pid, km.provisioner.warm, flush=True)
+    await asyncio.sleep(300)
+asyncio.run(go())
+"""
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["server-of-another-process", "own-server"])
+def test_a_kernel_dies_with_the_process_that_started_it(no_leaked_processes, monkeypatch, shared):
+    """As a cold kernel's parent poller ends it: whether the client used an inherited server (which kills the kernel
+    when the client's connection closes) or its own (which dies with the client, and its kernels with it)."""
+    env = dict(os.environ)
+    if shared:
+        env.update(warm.shared_env(env))
+        assert warm.ADDRESS_VAR in env
+    else:
+        env.pop(warm.ADDRESS_VAR, None)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        pid, was_warm = client.stdout.readline().split()
+    finally:
+        client.kill()
+        client.wait()
+    assert was_warm == "True"
+    assert _gone(int(pid)), "a forked kernel outlived the process that started it"
+
+
+def test_a_kernel_starts_cold_and_says_why_where_warm_start_is_off_or_impossible(no_leaked_processes, monkeypatch):
+    said = []
+
+    async def go():
+        km = PrivateSocketKernelManager(kernel_name="python3")
+        monkeypatch.setattr(km.log, "warning", lambda fmt, *a: said.append(fmt % a))
+        kc = await _started(km)
+        try:
+            prov = km.provisioner
+            return getattr(prov, "warm", None), getattr(prov, "cold_reason", None), (await _run(kc, "print(6 * 7)"))["text"]
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    def refuse(*a, **k):
+        raise warm.Refused("the test's server cannot start")
+
+    monkeypatch.setattr(warm, "fork", refuse)
+    provisioner._SAID.clear()
+    assert asyncio.run(go()) == (False, "the test's server cannot start", "42\n")
+    assert said == ["dtlabs: this kernel starts cold: the test's server cannot start"]
+    monkeypatch.undo()
+    monkeypatch.setenv("DTLABS_WARM_KERNELS", "0")  # off: jupyter_client's own LocalProvisioner, as before
+    assert asyncio.run(go()) == (None, None, "42\n")
+    assert provisioner.why_cold([sys.executable, "-m", "ipykernel_launcher"]) == "c.DTLabs.warm_kernels is off"
+
+
+def test_the_server_serves_only_kernels_of_its_import_environment(no_leaked_processes, monkeypatch):
+    env = dict(os.environ)
+    warm.own_server(env)
+    with pytest.raises(warm.Refused, match="import environment differs"):
+        warm._request(warm.own_server(env).address, ["--version"], {**env, "PYTHONPATH": "/elsewhere"}, "/", (0, 1, 2))
+    child = warm.fork(["--version"], {**env, "OMP_NUM_THREADS": "1"}, "/")  # another key: another server
+    assert child.wait(60) == 0
+
+
+def test_doctor_says_whether_kernels_start_warm(monkeypatch):
+    assert provisioner.doctor_line().startswith("kernels     warm")
+    monkeypatch.setenv("DTLABS_WARM_KERNELS", "0")
+    assert provisioner.doctor_line() == ("kernels     cold (each grader kernel starts a fresh interpreter): "
+                                         "c.DTLabs.warm_kernels is off")
+
+
+def test_the_warm_provisioner_is_a_registered_entry_point_and_only_our_manager_picks_it():
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    assert provisioner.NAME in KernelProvisionerFactory.instance().get_provisioner_entries()
+    assert PrivateSocketKernelManager(kernel_name="python3").kernel_spec.metadata["kernel_provisioner"] == {
+        "provisioner_name": provisioner.NAME}
+    # JupyterLab's kernels (a student's) come from the plain spec: no provisioner named, LocalProvisioner
+    assert "kernel_provisioner" not in KernelSpecManager().get_kernel_spec("python3").metadata
