@@ -20,7 +20,7 @@ PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 DEPLOY_JOBS ?= 2
 DEPLOY_PARALLEL := $(if $(filter-out 0 1,$(DEPLOY_JOBS)),-n $(DEPLOY_JOBS) --dist loadgroup,)
 
-.PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade doctor mutate stress stress-tests horovod clean
+.PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade bench-validate doctor mutate stress stress-tests horovod clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -90,6 +90,9 @@ bench: $(VENV)/.installed  ## launcher benchmark: medians and ratios against mp.
 
 bench-grade: $(VENV)/.installed  ## time sandboxed `dtlabs grade` against the pre-sandbox baseline, and --jobs 2 vs 1
 	$(PY) benchmarks/bench_grading.py
+
+bench-validate: $(VENV)/.installed  ## time `dtlabs validate` against `nbgrader validate` per lab (target ratio 0.5), and cold vs warm kernels
+	$(PY) benchmarks/bench_validate.py
 
 MUTATE_N ?= 6
 mutate: $(VENV)/.installed  ## mutation testing of every lab's tests (fixed seed; MUTATE_N mutants per lab)

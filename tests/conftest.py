@@ -23,6 +23,11 @@ REPO = grading.REPO_ROOT
 # The canary's kept verdicts: one folder per test run (pytest-xdist's workers share it), never the developer's own.
 os.environ.setdefault("DTLABS_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"dtlabs-test-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or uuid.uuid4().hex}"))
+# Grader kernels of every test, in this process or in a `dtlabs` it runs, fork from one warm server (an empty
+# update where c.DTLabs.warm_kernels is off or no server can run: the kernels then start cold and say why).
+from lab_utils.grading.split.warm import shared_env  # noqa: E402
+
+os.environ.update(shared_env(dict(os.environ)))
 TEST_TOKEN_VAR = "DTLABS_TEST_TOKEN"  # not grading.TOKEN_VAR: grading sets its own token per nbgrader run
 LAB_TIMINGS: dict = {}  # lab -> {"papermill_s": ..., "autograde_s": ...}, printed at the end of the run
 LAB_POINTS: dict = {}  # lab -> {student: "earned/possible"} from autograde, printed at the end of the run

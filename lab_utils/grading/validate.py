@@ -22,12 +22,17 @@ from lab_utils.grading.nbgrader_run import TOKEN_VAR, reap
 def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     """The student's pre-submission check: nbgrader's Validator, printed as nbgrader prints it, with an exit
     code (0: every test passes and no locked cell changed; 1: not so; 2: cannot run)."""
+    from lab_utils import settings
+
+    if settings.load().warm_kernels:  # the kernel's warm server imports while nbgrader is imported here
+        from lab_utils.grading.split.warm import prestart
+
+        prestart(dict(os.environ))
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
     from traitlets import List
     from traitlets.config import Config
 
-    from lab_utils import settings
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.split.execute import SplitExecute, execution_config
 

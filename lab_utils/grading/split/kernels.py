@@ -46,7 +46,7 @@ class PrivateSocketKernelManager(AsyncKernelManager):
     def kernel_spec(self):
         """The kernel's spec, with the warm provisioner unless the spec names its own or warm kernels are off."""
         spec = super().kernel_spec
-        if spec is not None and "kernel_provisioner" not in spec.metadata and settings.load().warm_kernels:
+        if spec is not None and "kernel_provisioner" not in spec.metadata and settings.load(self.config).warm_kernels:
             from lab_utils.grading.split.provisioner import NAME
 
             spec.metadata = {**spec.metadata, "kernel_provisioner": {"provisioner_name": NAME}}

@@ -27,11 +27,12 @@ NAME = "dtlabs-warm"
 _SAID: set = set()
 
 
-def why_cold(cmd: list, env: dict | None = None) -> str | None:
-    """Why a kernel with command ``cmd`` would start cold (None: it can start warm)."""
+def why_cold(cmd: list, config=None) -> str | None:
+    """Why a kernel with command ``cmd`` would start cold under ``config`` (the course's c.DTLabs; None: it can
+    start warm)."""
     from lab_utils import settings
 
-    if not settings.load().warm_kernels:
+    if not settings.load(config).warm_kernels:
         return "c.DTLabs.warm_kernels is off"
     if not sys.platform.startswith("linux"):
         return "forked kernels need Linux (/proc, PR_SET_PDEATHSIG)"
@@ -54,7 +55,7 @@ class WarmKernelProvisioner(LocalProvisioner):
         env.pop(warm.ADDRESS_VAR, None)  # what runs in the kernel never asks the server for anything
         if not kwargs.get("independent"):
             env["JPY_PARENT_PID"] = str(os.getpid())  # as launch_kernel sets it; the kernel's poller then watches
-        why = why_cold(cmd, env)
+        why = why_cold(cmd, self.config)
         if why is None:
             devnull = os.open(os.devnull, os.O_RDWR)  # stdin: launch_kernel gives a pipe it closes at once
             try:

@@ -184,7 +184,16 @@ _SERVERS: dict[str, Server] = {}
 _LOCK = threading.Lock()
 
 
-def own_server(env: dict) -> Server:
+def prestart(env: dict) -> None:
+    """Start this process's server for ``env`` now, without waiting: it imports while the caller imports its own
+    (``dtlabs validate`` starts one kernel, and nbgrader's imports take as long as the server's)."""
+    try:
+        own_server(env, wait=False)
+    except Refused:
+        pass  # the kernel starts cold and says why
+
+
+def own_server(env: dict, wait: bool = True) -> Server:
     """This process's server for ``env``'s import key, started on first use (``Refused`` if it cannot run)."""
     key = import_key(env)
     with _LOCK:
@@ -194,7 +203,8 @@ def own_server(env: dict) -> Server:
                 server = _SERVERS[key] = Server(env)
             except OSError as exc:
                 raise Refused(f"the warm server could not start: {exc}") from None
-    server.wait_ready()
+    if wait:
+        server.wait_ready()
     return server
 
 
