@@ -148,29 +148,34 @@ def test_a_run_dies_with_a_server_killed_before_it_reported_the_run(probe_course
     so the forked one must not go on grading beside it."""
     import socket
 
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    server = subprocess.Popen(nbgrader_run.server_command(theirs.fileno()), pass_fds=[theirs.fileno()], cwd="/",
-                              stdin=subprocess.DEVNULL)
-    theirs.close()
+    from lab_utils.grading.split import warm
+
     env = {**nbgrader_run.nbgrader_env(probe_course), "DTLABS_PROBE": "hang"}
+    server = warm.Server(nbgrader_run.NBGRADER, env)
+    server.wait_ready()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.connect(server.address)
     r, w = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
     run = None
     try:
-        request = json.dumps({"args": ["db", "student", "list"], "env": env, "cwd": str(probe_course)})
-        socket.send_fds(mine, [b'{"id": 1}\n' + request.encode()], [w])
+        request = {"argv": ["db", "student", "list"], "env": env, "cwd": str(probe_course), "umask": 0o022,
+                   "rlimits": {}}
+        socket.send_fds(conn, [json.dumps(request).encode()], [devnull, w, w])
         os.close(w)
         with os.fdopen(r, "r", errors="replace") as out:
             line = next((x for x in out if x.startswith("PROBE ")), None)  # the run is up, hanging in its config
             assert line, "the forked run printed nothing"
             run = json.loads(line[len("PROBE "):])["pid"]
-            server.kill()  # the caller has not read the run's pid
-            server.wait()
+            server.proc.kill()  # the caller has not read the run's pid
+            server.proc.wait()
             deadline = time.monotonic() + 10
             while _alive(run):
                 assert time.monotonic() < deadline, f"run {run} outlived its server by 10 s"
                 time.sleep(0.1)
     finally:
-        mine.close()
-        server.kill()
+        os.close(devnull)
+        conn.close()
+        server.stop()
         if run is not None:
             processes.killpg_quiet(run)  # the run leads its own session

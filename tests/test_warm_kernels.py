@@ -63,9 +63,11 @@ def test_a_grader_kernel_is_forked_warm_and_is_what_a_cold_one_would_be(no_leake
         try:
             await kc.wait_for_ready(timeout=60)
             assert km.provisioner.warm, f"the kernel started cold: {km.provisioner.cold_reason}"
-            r = await _run(kc, PROBE + "\nimport sys; print(os.getcwd()); print('' in sys.path)")
+            r = await _run(kc, PROBE + "\nimport sys; print(os.getcwd()); print('' in sys.path)\n"
+                               "print(get_ipython().kernel.parent.parent_handle == int(os.environ['JPY_PARENT_PID']))")
             info = json.loads(r["text"].splitlines()[0])
-            assert r["text"].splitlines()[1:] == [str(tmp_path), "False"], r["text"]
+            # its folder, not on its path (PYTHONSAFEPATH), and the parent ipykernel reads from JPY_PARENT_PID at import
+            assert r["text"].splitlines()[1:] == [str(tmp_path), "False", "True"], r["text"]
             kernel = psutil.Process(info["pid"])
             assert info["pid"] == km.provisioner.pid == info["pgid"] == info["sid"], (
                 "the forked kernel must lead its own session and group, as a cold one does: an interrupt or a kill "
@@ -160,7 +162,8 @@ def test_a_kernel_starts_cold_and_says_why_where_warm_start_is_off_or_impossible
         kc = await _started(km)
         try:
             prov = km.provisioner
-            return getattr(prov, "warm", None), getattr(prov, "cold_reason", None), (await _run(kc, "print(6 * 7)"))["text"]
+            said_back = (await _run(kc, "print(6 * 7)"))["text"]
+            return getattr(prov, "warm", None), getattr(prov, "cold_reason", None), said_back
         finally:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)
@@ -180,10 +183,11 @@ def test_a_kernel_starts_cold_and_says_why_where_warm_start_is_off_or_impossible
 
 def test_the_server_serves_only_kernels_of_its_import_environment(no_leaked_processes, monkeypatch):
     env = dict(os.environ)
-    warm.own_server(env)
+    warm.own_server(warm.KERNEL, env)
     with pytest.raises(warm.Refused, match="import environment differs"):
-        warm._request(warm.own_server(env).address, ["--version"], {**env, "PYTHONPATH": "/elsewhere"}, "/", (0, 1, 2))
-    child = warm.fork(["--version"], {**env, "OMP_NUM_THREADS": "1"}, "/")  # another key: another server
+        warm._request(warm.own_server(warm.KERNEL, env).address, ["--version"], {**env, "PYTHONPATH": "/elsewhere"},
+                      "/", (0, 1, 2))
+    child = warm.fork(warm.KERNEL, ["--version"], {**env, "OMP_NUM_THREADS": "1"}, "/")  # another key: another server
     assert child.wait(60) == 0
 
 

@@ -12,16 +12,14 @@ token are never touched. Submissions' own processes live in their sandbox and di
 
 Runs start warm (``c.DTLabs.warm_nbgrader``): nbgrader's imports (nbconvert, SQLAlchemy, traitlets) are a
 CPU-second of the three a small submission costs, so each grading process keeps one server that imports them once,
-in a clean folder with nothing prepended to ``sys.path``, and forks every run from that state. The child takes the
-run's environment, folder, arguments and output pipe, and calls nbgrader's own entry point as ``python -m nbgrader``
-would there; the server runs nothing else, so no run sees another's state. Where the server cannot start, a run
-starts cold.
+in a clean folder with nothing prepended to ``sys.path``, and forks every run from that state (the fork server of
+``lab_utils.grading.split.warm``, which grader kernels start from too). The child takes the run's environment,
+folder, arguments and output pipe, and calls nbgrader's own entry point as ``python -m nbgrader`` would there; the
+server runs nothing else, so no run sees another's state. Where the server cannot start, a run starts cold.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +30,7 @@ from pathlib import Path
 
 from lab_utils import processes
 from lab_utils.grading.course import CONFIG, WORK, find_course_root
+from lab_utils.grading.split import warm
 
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parent / "default_config"
 
@@ -189,141 +188,35 @@ _PRELOAD = ("nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbconvert.pr
             "lab_utils.grading.export.csvfile")
 
 
-class WarmRun:
-    """One nbgrader run forked by the warm server, behind the parts of ``Popen`` ``run_nbgrader`` uses. The run leads
-    its own session, so ``killpg(pid)`` stops it and what it started, as with ``start_new_session=True``."""
-
-    def __init__(self, server: "_Server", pid: int, stdout):
-        self.server, self.pid, self.stdout, self.returncode = server, pid, stdout, None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.server.exit_code(self.pid, 0)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            code = self.server.exit_code(self.pid, timeout)
-            if code is None:
-                raise subprocess.TimeoutExpired(["nbgrader"], timeout)
-            self.returncode = code
-        return self.returncode
-
-
-def server_command(fd: int) -> list[str]:
-    """The warm server's command line, serving on the inherited socket ``fd``: ``-P``, so the folder it starts in
-    puts nothing before ``sys.path``."""
-    return [sys.executable, "-P", "-c", "import sys; from lab_utils.grading.nbgrader_run import serve; "
-            "serve(int(sys.argv[1]))", str(fd)]
-
-
-class _Server:
-    """This process's warm nbgrader server: a child on a private socket pair, ended when this process ends (its end of
-    the pair closes). Its environment carries no process token: it belongs to no run, and is nobody's leftover."""
-
-    def __init__(self):
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {k: v for k, v in os.environ.items() if "TOKEN" not in k}
-        try:
-            self.proc = subprocess.Popen(
-                server_command(theirs.fileno()), pass_fds=[theirs.fileno()], cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError:
-            mine.close()
-            raise
-        finally:
-            theirs.close()
-        self.sock, self.lock, self.changed = mine, threading.Lock(), threading.Condition()
-        self.next_id, self.started, self.live, self.codes, self.gone = 0, {}, set(), {}, False
-        threading.Thread(target=self._read, daemon=True, name="dtlabs-nbgrader-server").start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = self.sock.recv(1 << 16)
-            except OSError:
-                data = b""
-            with self.changed:
-                if not data:  # the server is gone: its runs are orphans now, stopped here
-                    self.gone = True
-                    for pid in self.live:
-                        processes.killpg_quiet(pid)
-                        self.codes[pid] = -9
-                    self.live.clear()
-                    self.changed.notify_all()
-                    return
-                msg = json.loads(data)
-                if "id" in msg:
-                    self.started[msg["id"]] = msg["pid"]
-                    self.live.add(msg["pid"])
-                else:
-                    self.live.discard(msg["pid"])
-                    self.codes[msg["pid"]] = msg["code"]
-                self.changed.notify_all()
-
-    def start(self, args, env: dict, cwd: str, out_fd: int) -> int | None:
-        """Fork one run; its pid, or None if the server could not."""
-        request = json.dumps({"args": list(args), "env": env, "cwd": cwd})
-        with self.lock:
-            self.next_id += 1
-            rid = self.next_id
-            try:
-                socket.send_fds(self.sock, [json.dumps({"id": rid}).encode() + b"\n" + request.encode()], [out_fd])
-            except OSError:
-                return None
-        with self.changed:
-            if not self.changed.wait_for(lambda: rid in self.started or self.gone, timeout=120):
-                self.stop()  # a server too stuck to fork in two minutes must not fork this run later, beside a cold one
-            return self.started.pop(rid, None)
-
-    def stop(self) -> None:
-        processes.killpg_quiet(self.proc.pid)
-        self.gone = True
-
-    def exit_code(self, pid: int, timeout: float | None) -> int | None:
-        with self.changed:
-            self.changed.wait_for(lambda: pid in self.codes, timeout=timeout)
-            return self.codes.pop(pid, None) if pid in self.codes else None
-
-
-_SERVER: _Server | None = None
-_SERVER_LOCK = threading.Lock()
+NBGRADER = warm.Kind("nbgrader", "nbgrader", _PRELOAD, "lab_utils.grading.nbgrader_run:run_forked",
+                     prepare="lab_utils.grading.nbgrader_run:_alembic_head_once")
 
 
 def stop_warm_server() -> None:
-    """Stop this process's warm server, if any (the next run starts a fresh one); runs in flight are stopped too."""
-    global _SERVER
-    with _SERVER_LOCK:
-        if _SERVER is not None:
-            _SERVER.stop()
-            _SERVER.proc.wait()
-            _SERVER = None
+    """Stop this process's warm nbgrader server, if any (the next run starts a fresh one); runs in flight stop too."""
+    warm.stop_servers(NBGRADER)
 
 
-def _warm_run(args, env: dict, cwd: str) -> WarmRun | None:
-    """``nbgrader ARGS`` forked by this process's warm server (started on first use), or None: warm start is off, or
-    the server cannot run (the caller then starts nbgrader cold)."""
-    global _SERVER
+def _warm_run(args, env: dict, cwd: str) -> warm.WarmChild | None:
+    """``nbgrader ARGS`` forked by this process's warm server (``lab_utils.grading.split.warm``, started on first
+    use), or None: warm start is off, or the server cannot run (the caller then starts nbgrader cold). The run leads
+    its own session, so ``killpg(pid)`` stops it and what it started, as with ``start_new_session=True``."""
     from lab_utils import settings
 
-    if not settings.load().warm_nbgrader or sys.version_info < (3, 11):  # -P (nothing before sys.path) is 3.11's
-        return None
-    with _SERVER_LOCK:
-        if _SERVER is None or _SERVER.gone:
-            try:
-                _SERVER = _Server()
-            except OSError:
-                return None
-        server = _SERVER
+    if not settings.load().warm_nbgrader or sys.version_info < (3, 11) or not sys.platform.startswith("linux"):
+        return None  # -P (nothing before sys.path) is 3.11's; /proc and PR_SET_PDEATHSIG are Linux's
     r, w = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
     try:
-        pid = server.start(args, env, cwd, w)
-    finally:
-        os.close(w)
-    if pid is None:
+        run = warm.fork(NBGRADER, list(args), env, cwd, fds=(devnull, w, w))
+    except warm.Refused:
         os.close(r)
         return None
-    return WarmRun(server, pid, open(r, "r", errors="replace"))
+    finally:
+        os.close(w)
+        os.close(devnull)
+    run.stdout = open(r, "r", errors="replace")
+    return run
 
 
 def alembic_head() -> str:
@@ -348,109 +241,14 @@ def _alembic_head_once() -> None:
         pass
 
 
-def serve(fd: int) -> None:
-    """The warm server (``_Server`` starts it): import ``_PRELOAD``, then fork a run for each request on ``fd`` and
-    report its pid and, when it ends, its exit code. Ends, stopping its runs, when the other end closes."""
-    import importlib
-    import selectors
-    import signal
+def run_forked(request: dict) -> int:
+    """In the child the warm server forked: ``python -m nbgrader ARGS`` in the run's folder (first on ``sys.path``,
+    as ``-m`` puts it) and environment (set by ``warm._become``); its exit code."""
+    from nbgrader.apps.nbgraderapp import NbGraderApp
 
-    for name in _PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a run imports it again and reports what is wrong
-            pass
-    _alembic_head_once()
-    sock = socket.socket(fileno=fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
-    sel.register(wake_r, selectors.EVENT_READ)
-    running = set()
-    while True:
-        for key, _ in sel.select():
-            if key.fileobj is sock:
-                try:
-                    data, fds, _, _ = socket.recv_fds(sock, 1 << 22, 1)
-                except OSError:
-                    data, fds = b"", []
-                if not data:
-                    for pid in running:
-                        processes.killpg_quiet(pid)
-                    os._exit(0)
-                head, _, body = data.partition(b"\n")
-                rid = json.loads(head)["id"]
-                server = os.getpid()
-                pid = os.fork()
-                if pid == 0:
-                    sel.close()
-                    sock.close()
-                    _run_forked(json.loads(body), fds[0], (wake_r, wake_w), server)
-                for f in fds:
-                    os.close(f)
-                running.add(pid)
-                sock.send(json.dumps({"id": rid, "pid": pid}).encode())
-            else:
-                try:
-                    os.read(wake_r, 4096)
-                except BlockingIOError:
-                    pass
-                for pid, code in processes.reap_children():
-                    running.discard(pid)
-                    sock.send(json.dumps({"pid": pid, "code": code}).encode())
-
-
-def _run_forked(request: dict, out_fd: int, close_fds, server: int) -> None:
-    """In the forked child: become ``python -m nbgrader ARGS`` in the run's folder and environment; never returns.
-    It dies with the server: one killed before it could report this run's pid leaves the caller to start the run cold,
-    and the two must not grade the same submission side by side."""
-    import atexit
-    import signal
-    import tempfile
-    import traceback
-
-    code = 1
-    try:
-        processes.die_with_parent(server)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for f in close_fds:
-            os.close(f)
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        os.close(devnull)
-        os.close(out_fd)
-        sys.stdout.reconfigure(line_buffering=True)
-        sys.stderr.reconfigure(line_buffering=True)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        tempfile.tempdir = None  # found again from the run's TMPDIR
-        sys.argv = ["nbgrader", *request["args"]]
-        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-        sys.path[:0] = [request["cwd"], *extra]  # what `python -m` puts first, then the run's PYTHONPATH
-        from nbgrader.apps.nbgraderapp import NbGraderApp
-
-        NbGraderApp.launch_instance(request["args"])
-        code = 0
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - reported as the interpreter would, then exit 1
-        traceback.print_exc()
-    finally:
-        try:
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    sys.path.insert(0, request["cwd"])
+    sys.argv = ["nbgrader", *request["argv"]]
+    NbGraderApp.launch_instance(request["argv"])
+    return 0

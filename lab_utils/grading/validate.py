@@ -25,9 +25,9 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     from lab_utils import settings
 
     if settings.load().warm_kernels:  # the kernel's warm server imports while nbgrader is imported here
-        from lab_utils.grading.split.warm import prestart
+        from lab_utils.grading.split import warm
 
-        prestart(dict(os.environ))
+        warm.prestart(warm.KERNEL, dict(os.environ))
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
     from traitlets import List

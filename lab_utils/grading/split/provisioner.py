@@ -59,8 +59,9 @@ class WarmKernelProvisioner(LocalProvisioner):
         if why is None:
             devnull = os.open(os.devnull, os.O_RDWR)  # stdin: launch_kernel gives a pipe it closes at once
             try:
-                child = warm.fork(cmd[3:], env, kwargs.get("cwd") or os.getcwd(),
-                                  fds=(devnull, _fd(kwargs.get("stdout"), 1, devnull), _fd(kwargs.get("stderr"), 2, devnull)))
+                child = warm.fork(warm.KERNEL, cmd[3:], env, kwargs.get("cwd") or os.getcwd(),
+                                  fds=(devnull, _fd(kwargs.get("stdout"), 1, devnull),
+                                       _fd(kwargs.get("stderr"), 2, devnull)))
             except warm.Refused as exc:
                 why = str(exc)
                 child = None
@@ -110,7 +111,8 @@ def doctor_line() -> str:
         devnull = os.open(os.devnull, os.O_RDWR)
         start = time.perf_counter()
         try:
-            child = warm.fork(["--version"], dict(os.environ), os.getcwd(), fds=(devnull, devnull, devnull))
+            child = warm.fork(warm.KERNEL, ["--version"], dict(os.environ), os.getcwd(),
+                              fds=(devnull, devnull, devnull))
             code = child.wait(timeout=60)
             child.close()
             if code != 0:
@@ -121,5 +123,5 @@ def doctor_line() -> str:
             os.close(devnull)
     if why is not None:
         return f"kernels     cold (each grader kernel starts a fresh interpreter): {why}"
-    return (f"kernels     warm: grader kernels fork from a server that imported {len(warm.PRELOAD)} modules "
+    return (f"kernels     warm: grader kernels fork from a server that imported {len(warm.KERNEL.preload)} modules "
             f"(a forked ipykernel ran here in {time.perf_counter() - start:.2f} s, the server's start included)")

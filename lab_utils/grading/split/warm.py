@@ -1,18 +1,22 @@
-"""Warm starts for grader kernels: a server that has imported what every grader kernel imports, and forks kernels.
+"""Warm starts: a server that has imported what a process needs once, and forks that process on request.
+
+Two kinds (``Kind``): grader kernels (``KERNEL``, below) and nbgrader runs (``lab_utils.grading.nbgrader_run``).
 
 A fresh ``python -m ipykernel_launcher`` pays 0.4-2 CPU-s before it answers (IPython, ipykernel, zmq, then torch and
 numpy in the course's first cell); ``dtlabs validate``, every grading and the test suite start hundreds. The server
-(``serve``) imports ``PRELOAD`` once, checks that no import started a thread (a fork copies only the calling thread,
-so a lock another thread held would stay held in the child; torch's OpenMP pool starts on the first parallel op, which
-the server never runs), and then forks one child per request. The server never runs a cell, a student's or the
-course's: every kernel starts from the same clean state.
+(``serve``) imports ``PRELOAD`` (a ``Kind``'s preload) once, checks that no import started a thread (a fork copies
+only the calling thread, so a lock another thread held would stay held in the child; torch's OpenMP pool starts on
+the first parallel op, which the server never runs, and numpy's OpenBLAS pool is held at one thread until the child
+sets its own), and then forks one child per request. The server never runs a cell, a student's or the course's: every child starts from the same
+clean state.
 
-A forked kernel is what a cold one would be (``_become``): a session and process group of its own (so an interrupt or
+A forked child is what a cold start would be (``_become``): a session and process group of its own (so an interrupt or
 a kill reaches it and what it started, as ``LocalProvisioner`` signals a kernel's group), the caller's
 standard streams, working directory, environment, umask and resource limits, and its environment readable from
 ``/proc/PID/environ`` (rewritten in place), so the grading token still finds it for reaping. It dies with the
 server (``PR_SET_PDEATHSIG``), and the server kills it when the connection that asked for it closes: a kernel never
-outlives the process that started it, as a cold kernel's parent poller makes it exit.
+outlives the process that started it, as a cold kernel's parent poller makes it exit. (Same for a run: see
+``Kind.run``.)
 
 Servers are found through ``ADDRESS_VAR`` (a grading process shares its server with the nbgrader runs it starts)
 or started on first use by this process; a server only forks for its own user (``SO_PEERCRED``), and only kernels
@@ -22,6 +26,7 @@ whose import-relevant environment (``import_key``) is the one it imported under.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import resource
@@ -33,10 +38,31 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 from lab_utils import processes
 
 ADDRESS_VAR = "DTLABS_WARM_KERNEL_SERVER"  # a server's address and key, for the nbgrader runs of one grading
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a server forks: ``python -m MODULE ARGV`` run as ``run(request)`` (``"module:function"``, returning an
+    exit code) in the forked child, after the server imported ``preload`` and called ``prepare``."""
+
+    name: str
+    module: str
+    preload: tuple
+    run: str
+    prepare: str | None = None
+    address_var: str | None = None  # names a server a process shares with the processes it starts
+
+
+def _call(ref: str, *args):
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)(*args)
+
+
 # What a grader kernel imports before its first cell can run, and what the course's cells import first. Never a
 # lab's own notebook code: only packages.
 PRELOAD = (
@@ -63,6 +89,10 @@ def import_key(env: dict, executable: str = sys.executable) -> str:
     return json.dumps([os.path.realpath(executable), sorted(items.items())])
 
 
+KERNEL = Kind("kernel", "ipykernel_launcher", PRELOAD, "lab_utils.grading.split.warm:run_kernel",
+              address_var=ADDRESS_VAR)
+
+
 class Refused(RuntimeError):
     """No warm start for this kernel: the message says why (the provisioner starts it cold and says so)."""
 
@@ -71,7 +101,8 @@ class Refused(RuntimeError):
 class Server:
     """A warm server this process started: a child that ends when this process does (its control socket closes)."""
 
-    def __init__(self, env: dict):
+    def __init__(self, kind: Kind, env: dict):
+        self.kind = kind
         self.address = f"\0dtlabs-warm-{uuid.uuid4().hex}"
         self.key = import_key(env)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -86,7 +117,7 @@ class Server:
             # -P -s: nothing before sys.path, no user site; a kernel's own path is set when it is forked (_become)
             self.proc = subprocess.Popen(
                 [sys.executable, "-P", "-s", "-c", "import sys; from lab_utils.grading.split.warm import serve; "
-                 "serve(int(sys.argv[1]), int(sys.argv[2]))", *map(str, fds), "#" * ARG_ROOM],
+                 "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])", *map(str, fds), _ref(kind), "#" * ARG_ROOM],
                 pass_fds=fds, cwd="/", env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, start_new_session=True)
         finally:
@@ -119,7 +150,7 @@ class Server:
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         if not self.ready.wait(timeout):
             self.stop()
-            raise Refused(f"the warm server did not import {', '.join(PRELOAD)} within {timeout:g} s")
+            raise Refused(f"the warm server did not import {', '.join(self.kind.preload)} within {timeout:g} s")
         if self.error:
             raise Refused(self.error)
 
@@ -180,27 +211,36 @@ class WarmChild:
         self.conn.close()
 
 
-_SERVERS: dict[str, Server] = {}
+def _ref(kind: Kind) -> str:
+    """``"module:NAME"`` of a ``Kind`` defined at module level, for the server's command line."""
+    for name, value in vars(sys.modules[kind.run.partition(":")[0]]).items():
+        if value is kind:
+            return f"{kind.run.partition(':')[0]}:{name}"
+    raise ValueError(f"{kind.name}: a Kind must be a module-level name of the module of its run function")
+
+
+_SERVERS: dict[tuple, Server] = {}
 _LOCK = threading.Lock()
 
 
-def prestart(env: dict) -> None:
+def prestart(kind: Kind, env: dict) -> None:
     """Start this process's server for ``env`` now, without waiting: it imports while the caller imports its own
     (``dtlabs validate`` starts one kernel, and nbgrader's imports take as long as the server's)."""
     try:
-        own_server(env, wait=False)
+        own_server(kind, env, wait=False)
     except Refused:
         pass  # the kernel starts cold and says why
 
 
-def own_server(env: dict, wait: bool = True) -> Server:
-    """This process's server for ``env``'s import key, started on first use (``Refused`` if it cannot run)."""
-    key = import_key(env)
+def own_server(kind: Kind, env: dict, wait: bool = True) -> Server:
+    """This process's server of ``kind`` for ``env``'s import key, started on first use (``Refused`` if it cannot
+    run)."""
+    key = (kind.name, import_key(env))
     with _LOCK:
         server = _SERVERS.get(key)
         if server is None or (server.ready.is_set() and server.error):
             try:
-                server = _SERVERS[key] = Server(env)
+                server = _SERVERS[key] = Server(kind, env)
             except OSError as exc:
                 raise Refused(f"the warm server could not start: {exc}") from None
     if wait:
@@ -216,28 +256,36 @@ def shared_env(env: dict) -> dict:
 
     if not settings.load().warm_kernels or not sys.platform.startswith("linux"):
         return {}
+    inherited = os.environ.get(ADDRESS_VAR)  # a server this process's parent shares: passed on, not doubled
+    if inherited:
+        try:
+            if json.loads(inherited)[1] == import_key(env):
+                return {ADDRESS_VAR: inherited}
+        except (ValueError, TypeError, IndexError):
+            pass
     try:
-        server = own_server(env)
+        server = own_server(KERNEL, env)
     except Refused:
         return {}
     return {ADDRESS_VAR: json.dumps([server.address, server.key])}
 
 
-def stop_servers() -> None:
-    """Stop this process's servers (and so every kernel they forked); the next kernel starts a new one."""
+def stop_servers(kind: Kind) -> None:
+    """Stop this process's servers of ``kind`` (and so all they forked); the next request starts a new one."""
     with _LOCK:
-        servers = list(_SERVERS.values())
-        _SERVERS.clear()
+        servers = [s for k, s in _SERVERS.items() if k[0] == kind.name]
+        for k in [k for k in _SERVERS if k[0] == kind.name]:
+            del _SERVERS[k]
     for s in servers:
         s.stop()
 
 
-def fork(argv: list, env: dict, cwd: str, fds=(0, 1, 2)) -> WarmChild:
-    """Fork a kernel with ``argv`` (what follows ``-m ipykernel_launcher``) from a warm server: the one ``ADDRESS_VAR`` names if it
-    serves this environment, else this process's own. ``Refused`` says why not."""
+def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2)) -> WarmChild:
+    """Fork ``python -m MODULE ARGV`` of ``kind`` from a warm server: the one ``kind.address_var`` names if it serves
+    this environment, else this process's own. ``Refused`` says why not."""
     key = import_key(env)
     addresses = []
-    inherited = os.environ.get(ADDRESS_VAR)
+    inherited = os.environ.get(kind.address_var) if kind.address_var else None
     if inherited:
         try:
             address, their_key = json.loads(inherited)
@@ -250,7 +298,7 @@ def fork(argv: list, env: dict, cwd: str, fds=(0, 1, 2)) -> WarmChild:
     for address in addresses:
         try:
             if address is None:
-                address = own_server(env).address
+                address = own_server(kind, env).address
             return _request(address, argv, env, cwd, fds)
         except Refused as exc:
             why = exc
@@ -296,25 +344,28 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def serve(ctl_fd: int, listen_fd: int) -> None:
-    """The server: import ``PRELOAD``, say so on the control socket, then fork a kernel per request; exits, killing
-    its kernels, when the control socket closes (the process that started it is gone)."""
-    import importlib
+def serve(ctl_fd: int, listen_fd: int, kind_ref: str) -> None:
+    """The server: import the kind's preload, say so on the control socket, then fork a child per request; exits,
+    killing its children, when the control socket closes (the process that started it is gone)."""
     import selectors
 
+    module, _, name = kind_ref.partition(":")
+    kind = getattr(importlib.import_module(module), name)
     ctl = socket.socket(fileno=ctl_fd)
     listener = socket.socket(fileno=listen_fd)
     processes.set_name("dtlabs-warm")
     # what a cold kernel would find for libgomp's and MKL's thread counts: never initialised here (no parallel op)
     failed = []
-    for name in PRELOAD:
+    for name in kind.preload:
         try:
             importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a kernel imports it again and reports what is wrong
+        except Exception as exc:  # noqa: BLE001 - a child imports it again and reports what is wrong
             failed.append(f"{name}: {type(exc).__name__}")
         if _threads() > 1:
             ctl.send(json.dumps({"error": f"importing {name} started a thread: forking from it is unsafe"}).encode())
             os._exit(1)
+    if kind.prepare:
+        _call(kind.prepare)
     ctl.send(json.dumps({"ready": True, "failed": failed}).encode())
     key = import_key(os.environ)
     wake_r, wake_w = os.pipe()
@@ -340,7 +391,7 @@ def serve(ctl_fd: int, listen_fd: int) -> None:
                     conn, _ = listener.accept()
                 except OSError:
                     continue
-                pid = _fork_one(conn, key, me, [ctl.fileno(), listener.fileno(), wake_r, wake_w,
+                pid = _fork_one(kind, conn, key, me, [ctl.fileno(), listener.fileno(), wake_r, wake_w,
                                                 *(c.fileno() for c in kids.values())])
                 if pid is None:
                     conn.close()
@@ -376,7 +427,7 @@ def serve(ctl_fd: int, listen_fd: int) -> None:
                         pass
 
 
-def _fork_one(conn: socket.socket, key: str, server: int, close_fds) -> int | None:
+def _fork_one(kind: Kind, conn: socket.socket, key: str, server: int, close_fds) -> int | None:
     """Read one request from ``conn`` and fork it; the child's pid once it leads its own session, else None."""
     conn.settimeout(5)
     try:
@@ -389,9 +440,9 @@ def _fork_one(conn: socket.socket, key: str, server: int, close_fds) -> int | No
         return None
     refusal = None
     if import_key(request["env"]) != key:
-        refusal = "the kernel's interpreter or import environment differs from the warm server's"
+        refusal = f"the {kind.name}'s interpreter or import environment differs from the warm server's"
     elif len(_env_blob(request["env"])) > _area("env")[1] - _area("env")[0]:
-        refusal = "the kernel's environment is larger than a forked kernel can show in /proc/PID/environ"
+        refusal = f"the {kind.name}'s environment is larger than a forked one can show in /proc/PID/environ"
     if refusal:
         for f in fds:
             os.close(f)
@@ -405,10 +456,13 @@ def _fork_one(conn: socket.socket, key: str, server: int, close_fds) -> int | No
         os.close(ready_r)
         code = 1
         try:
-            _become(request, fds, server, [*close_fds, conn.fileno()], ready_w)
-            code = _run(request)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            _become(kind, request, fds, server, [*close_fds, conn.fileno()], ready_w)
+            code = _call(kind.run, request)
+        except SystemExit as exc:  # as the interpreter exits: an int, None (0) or a message on stderr (1)
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
         except BaseException:  # noqa: BLE001 - reported as the interpreter would, then exit 1
             import traceback
 
@@ -433,9 +487,13 @@ def _fork_one(conn: socket.socket, key: str, server: int, close_fds) -> int | No
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-        conn.send(json.dumps({"error": "the forked kernel failed to set itself up"}).encode())
+        conn.send(json.dumps({"error": f"the forked {kind.name} failed to set itself up"}).encode())
         return None
-    conn.send(json.dumps({"pid": pid}).encode())
+    try:
+        conn.send(json.dumps({"pid": pid}).encode())
+    except OSError:  # the caller gave up waiting (and starts cold): this child must not run beside that one
+        processes.killpg_quiet(pid)
+        return None
     conn.settimeout(None)
     return pid
 
@@ -468,7 +526,7 @@ def _show(kind: str, blob: bytes) -> None:
     ctypes.memmove(start, blob.ljust(end - start, b"\0"), end - start)
 
 
-def _become(request: dict, fds, server: int, close_fds, ready_w: int) -> None:
+def _become(kind: Kind, request: dict, fds, server: int, close_fds, ready_w: int) -> None:
     """In the forked child: become the process a cold start would have made, then tell the server (``ready_w``)."""
     processes.die_with_parent(server)
     signal.set_wakeup_fd(-1)
@@ -497,17 +555,13 @@ def _become(request: dict, fds, server: int, close_fds, ready_w: int) -> None:
     os.environ.clear()
     os.environ.update(env)
     _show("env", _env_blob(env))
-    _show("arg", b"\0".join(a.encode() for a in [sys.executable, "-m", "ipykernel_launcher", *request["argv"]]))
+    _show("arg", b"\0".join(a.encode() for a in [sys.executable, "-m", kind.module, *request["argv"]]))
     import tempfile
 
     tempfile.tempdir = None  # found again from the kernel's TMPDIR
-    # sys.path is the server's, built from the same PYTHONPATH (import_key) under -P -s. The folder: IPython puts ''
-    # before site-packages unless the kernel ignores it or runs under -P/PYTHONSAFEPATH, which it reads from
-    # sys.flags (the server's -P): done here as it would be. The user's site-packages come unless PYTHONNOUSERSITE
-    # says not (after the site-packages, where a cold start puts them before).
-    if not env.get("PYTHONSAFEPATH") and "--IPKernelApp.ignore_cwd=True" not in request["argv"]:
-        at = next((i for i, p in enumerate(sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")), 0)
-        sys.path.insert(at, "")
+    # sys.path is the server's, built from the same PYTHONPATH (import_key) under -P -s; the kind's run adds the
+    # folder as its cold start would. The user's site-packages come unless PYTHONNOUSERSITE says not (after the
+    # site-packages, where a cold start puts them before).
     if not env.get("PYTHONNOUSERSITE"):
         import site
 
@@ -536,18 +590,26 @@ def _openblas_threads(env: dict) -> None:
         libs = {line.split()[-1] for line in fh if "openblas" in line.rsplit("/", 1)[-1].lower()}
     for path in libs:
         lib = ctypes.CDLL(path)
-        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
-                     "openblas_set_num_threads"):
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
             if hasattr(lib, name):
                 getattr(lib, name)(n)
                 break
 
 
-def _run(request: dict) -> int:
-    """The kernel itself, as ``python -m ipykernel_launcher ARGV`` runs it."""
+def run_kernel(request: dict) -> int:
+    """The kernel itself, as ``python -m ipykernel_launcher ARGV`` runs it. The folder: IPython puts '' before
+    site-packages unless the kernel ignores it or runs under -P/PYTHONSAFEPATH, which it reads from sys.flags (the
+    server's -P): done here as it would be."""
     import ipykernel_launcher  # noqa: F401 - only its path, for sys.argv[0] as runpy would set it
     from ipykernel import kernelapp
 
+    if not os.environ.get("PYTHONSAFEPATH") and "--IPKernelApp.ignore_cwd=True" not in request["argv"]:
+        at = next((i for i, p in enumerate(sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")), 0)
+        sys.path.insert(at, "")
+
     sys.argv = [ipykernel_launcher.__file__, *request["argv"]]
-    kernelapp.launch_new_instance()
+    # the two settings ipykernel reads from the environment when it is imported (the server's, without them)
+    kernelapp.IPKernelApp.launch_instance(parent_handle=int(os.environ.get("JPY_PARENT_PID") or 0),
+                                          interrupt=int(os.environ.get("JPY_INTERRUPT_EVENT") or 0))
     return 0
