@@ -77,6 +77,7 @@ def test_a_grader_kernel_is_forked_warm_and_is_what_a_cold_one_would_be(no_leake
             assert [p.pid for p in processes_with_token(token)] == [info["pid"]], (
                 "the grading token does not find the forked kernel: it would outlive its grading")
             assert "ipykernel_launcher" in " ".join(kernel.cmdline())
+            assert kernel.name() == psutil.Process().name(), "a forked kernel goes by the server's name"
         finally:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)

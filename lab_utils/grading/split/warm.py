@@ -539,6 +539,7 @@ def _become(kind: Kind, request: dict, fds, server: int, close_fds, ready_w: int
         except OSError:
             pass
     os.setsid()  # before the server replies: the caller signals this process group
+    processes.set_name(os.path.basename(sys.executable))  # the name a cold start has, not the server's
     for target_fd, f in zip((0, 1, 2), fds):
         os.dup2(f, target_fd)
     for f in fds:
