@@ -152,6 +152,12 @@ def test_a_kernel_dies_with_the_process_that_started_it(no_leaked_processes, mon
         client.wait()
     assert was_warm == "True"
     assert _gone(int(pid)), "a forked kernel outlived the process that started it"
+    if shared:  # the server lives on for the other processes it serves, and still forks
+        server = warm.own_server(warm.KERNEL, dict(os.environ))
+        time.sleep(0.5)
+        assert server.proc.poll() is None and server.error is None, server.error
+        assert json.loads(env[warm.ADDRESS_VAR])[0] == server.address
+        assert warm.fork(warm.KERNEL, ["--version"], dict(os.environ), "/").wait(60) == 0
 
 
 def test_a_kernel_starts_cold_and_says_why_where_warm_start_is_off_or_impossible(no_leaked_processes, monkeypatch):
@@ -208,6 +214,16 @@ def test_the_warm_provisioner_is_a_registered_entry_point_and_only_our_manager_p
         "provisioner_name": provisioner.NAME}
     # JupyterLab's kernels (a student's) come from the plain spec: no provisioner named, LocalProvisioner
     assert "kernel_provisioner" not in KernelSpecManager().get_kernel_spec("python3").metadata
+
+
+def test_a_kernel_of_another_interpreter_path_starts_cold(tmp_path):
+    """A kernelspec reaching this venv through another path (tests/test_labs.py's "My Courses" kernel) is another
+    interpreter to the kernel (its sys.executable, what it hands to the processes it starts): never forked here."""
+    link = tmp_path / "My Courses"
+    link.symlink_to(sys.prefix)
+    other = str(link) + sys.executable[len(sys.prefix):]
+    assert "another interpreter path" in provisioner.why_cold([other, "-m", "ipykernel_launcher", "-f", "x.json"])
+    assert provisioner.why_cold([sys.executable, "-m", "ipykernel_launcher", "-f", "x.json"]) is None
 
 
 @pytest.mark.slow

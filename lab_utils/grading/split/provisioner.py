@@ -38,8 +38,8 @@ def why_cold(cmd: list, config=None) -> str | None:
         return "forked kernels need Linux (/proc, PR_SET_PDEATHSIG)"
     if len(cmd) < 3 or cmd[1:3] != ["-m", "ipykernel_launcher"]:
         return f"the kernel command is not `python -m ipykernel_launcher`: {' '.join(cmd[:3])}"
-    if os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
-        return f"the kernel runs another interpreter ({cmd[0]}) than the warm server ({sys.executable})"
+    if os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):  # the path itself: a kernel sees it (sys.executable)
+        return f"the kernel runs another interpreter path ({cmd[0]}) than the warm server ({sys.executable})"
     return None
 
 

@@ -86,7 +86,7 @@ FORK_TIMEOUT_S = 30.0
 def import_key(env: dict, executable: str = sys.executable) -> str:
     """What must match between a kernel's environment and its server's: the interpreter and ``KEY_VARS``."""
     items = {k: v for k, v in env.items() if k in KEY_VARS or k.startswith(KEY_PREFIXES)}
-    return json.dumps([os.path.realpath(executable), sorted(items.items())])
+    return json.dumps([os.path.abspath(executable), sorted(items.items())])
 
 
 KERNEL = Kind("kernel", "ipykernel_launcher", PRELOAD, "lab_utils.grading.split.warm:run_kernel",
@@ -406,7 +406,10 @@ def serve(ctl_fd: int, listen_fd: int, kind_ref: str) -> None:
                 for pid, code in processes.reap_children():
                     conn = kids.pop(pid, None)
                     if conn is not None:
-                        sel.unregister(conn)
+                        try:
+                            sel.unregister(conn)
+                        except (KeyError, ValueError):
+                            pass  # its caller was gone first (below)
                         try:
                             conn.send(json.dumps({"code": code}).encode())
                         except OSError:
