@@ -210,10 +210,20 @@ def test_the_warm_provisioner_is_a_registered_entry_point_and_only_our_manager_p
     from jupyter_client.provisioning import KernelProvisionerFactory
 
     assert provisioner.NAME in KernelProvisionerFactory.instance().get_provisioner_entries()
-    assert PrivateSocketKernelManager(kernel_name="python3").kernel_spec.metadata["kernel_provisioner"] == {
-        "provisioner_name": provisioner.NAME}
+    spec = PrivateSocketKernelManager(kernel_name="python3").kernel_spec
+    assert spec.metadata["kernel_provisioner"]["provisioner_name"] == provisioner.NAME
     # JupyterLab's kernels (a student's) come from the plain spec: no provisioner named, LocalProvisioner
     assert "kernel_provisioner" not in KernelSpecManager().get_kernel_spec("python3").metadata
+
+
+def test_an_install_without_the_entry_point_starts_kernels_cold_and_says_so(monkeypatch):
+    """A venv installed before the entry point existed (pip install -e . registers it): kernels still start."""
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    monkeypatch.setattr(KernelProvisionerFactory, "_check_availability", lambda self, name: name != provisioner.NAME)
+    monkeypatch.setattr(KernelProvisionerFactory, "get_provisioner_entries", lambda self: {})
+    assert "kernel_provisioner" not in PrivateSocketKernelManager(kernel_name="python3").kernel_spec.metadata
+    assert "not registered" in provisioner.why_cold([sys.executable, "-m", "ipykernel_launcher"])
 
 
 def test_a_kernel_of_another_interpreter_path_starts_cold(tmp_path):

@@ -47,7 +47,13 @@ class PrivateSocketKernelManager(AsyncKernelManager):
         """The kernel's spec, with the warm provisioner unless the spec names its own or warm kernels are off."""
         spec = super().kernel_spec
         if spec is not None and "kernel_provisioner" not in spec.metadata and settings.load(self.config).warm_kernels:
+            from jupyter_client.provisioning import KernelProvisionerFactory
+
             from lab_utils.grading.split.provisioner import NAME
 
-            spec.metadata = {**spec.metadata, "kernel_provisioner": {"provisioner_name": NAME}}
+            plain = spec.metadata
+            spec.metadata = {**plain, "kernel_provisioner": {"provisioner_name": NAME}}
+            # an install that predates the entry point (pip install -e . registers it): jupyter_client warns, cold
+            if not KernelProvisionerFactory.instance(parent=self.parent).is_provisioner_available(spec):
+                spec.metadata = plain
         return spec

@@ -36,6 +36,10 @@ def why_cold(cmd: list, config=None) -> str | None:
         return "c.DTLabs.warm_kernels is off"
     if not sys.platform.startswith("linux"):
         return "forked kernels need Linux (/proc, PR_SET_PDEATHSIG)"
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    if NAME not in KernelProvisionerFactory.instance().get_provisioner_entries():
+        return f"the {NAME} kernel provisioner is not registered: reinstall the package (`pip install -e .`)"
     if len(cmd) < 3 or cmd[1:3] != ["-m", "ipykernel_launcher"]:
         return f"the kernel command is not `python -m ipykernel_launcher`: {' '.join(cmd[:3])}"
     if os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):  # the path itself: a kernel sees it (sys.executable)
