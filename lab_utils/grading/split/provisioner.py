@@ -42,8 +42,8 @@ def why_cold(cmd: list, config=None) -> str | None:
         return f"the {NAME} kernel provisioner is not registered: reinstall the package (`pip install -e .`)"
     if len(cmd) < 3 or cmd[1:3] != ["-m", "ipykernel_launcher"]:
         return f"the kernel command is not `python -m ipykernel_launcher`: {' '.join(cmd[:3])}"
-    if os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):  # the path itself: a kernel sees it (sys.executable)
-        return f"the kernel runs another interpreter path ({cmd[0]}) than the warm server ({sys.executable})"
+    if not os.path.isabs(cmd[0]):
+        return f"the kernel's interpreter is not named by its path: {cmd[0]}"
     return None
 
 
@@ -63,7 +63,9 @@ class WarmKernelProvisioner(LocalProvisioner):
         if why is None:
             devnull = os.open(os.devnull, os.O_RDWR)  # stdin: launch_kernel gives a pipe it closes at once
             try:
-                child = warm.fork(warm.KERNEL, cmd[3:], env, kwargs.get("cwd") or os.getcwd(),
+                # a server on the kernel's own interpreter path (a kernel sees it as sys.executable, and hands it to
+                # the processes it starts: tests/test_labs.py's "My Courses" kernel)
+                child = warm.fork(warm.KERNEL, cmd[3:], env, kwargs.get("cwd") or os.getcwd(), executable=cmd[0],
                                   fds=(devnull, _fd(kwargs.get("stdout"), 1, devnull),
                                        _fd(kwargs.get("stderr"), 2, devnull)))
             except warm.Refused as exc:

@@ -101,10 +101,10 @@ class Refused(RuntimeError):
 class Server:
     """A warm server this process started: a child that ends when this process does (its control socket closes)."""
 
-    def __init__(self, kind: Kind, env: dict):
+    def __init__(self, kind: Kind, env: dict, executable: str = sys.executable):
         self.kind = kind
         self.address = f"\0dtlabs-warm-{uuid.uuid4().hex}"
-        self.key = import_key(env)
+        self.key = import_key(env, executable)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(self.address)  # bound here, so a request made before the server is up waits in the backlog
         listener.listen(64)
@@ -116,7 +116,7 @@ class Server:
         try:
             # -P -s: nothing before sys.path, no user site; a kernel's own path is set when it is forked (_become)
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-s", "-c", "import sys; from lab_utils.grading.split.warm import serve; "
+                [executable, "-P", "-s", "-c", "import sys; from lab_utils.grading.split.warm import serve; "
                  "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])", *map(str, fds), _ref(kind), "#" * ARG_ROOM],
                 pass_fds=fds, cwd="/", env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, start_new_session=True)
@@ -126,6 +126,7 @@ class Server:
         self.ctl = mine
         self.ready = threading.Event()
         self.error: str | None = None
+        self.served = False  # it imported and served: a server that never did is not started again
         threading.Thread(target=self._watch, daemon=True, name="dtlabs-warm-server").start()
 
     def _watch(self) -> None:
@@ -138,6 +139,7 @@ class Server:
             err = msg.get("error") or (self.proc.stderr.read().decode(errors="replace").strip()[-400:] if not data
                                        else "") or "the server exited"
             self.error = err
+        self.served = self.error is None
         self.ready.set()
         self.proc.stderr.close()
         if self.error is None:
@@ -232,15 +234,17 @@ def prestart(kind: Kind, env: dict) -> None:
         pass  # the kernel starts cold and says why
 
 
-def own_server(kind: Kind, env: dict, wait: bool = True) -> Server:
-    """This process's server of ``kind`` for ``env``'s import key, started on first use (``Refused`` if it cannot
-    run)."""
-    key = (kind.name, import_key(env))
+def own_server(kind: Kind, env: dict, wait: bool = True, executable: str = sys.executable) -> Server:
+    """This process's server of ``kind`` for ``env``'s import key, on ``executable``, started on first use
+    (``Refused`` if it cannot run; one that could not import is not tried again)."""
+    key = (kind.name, import_key(env, executable))
     with _LOCK:
         server = _SERVERS.get(key)
+        if server is not None and server.ready.is_set() and server.error and not server.served:
+            raise Refused(server.error)
         if server is None or (server.ready.is_set() and server.error):
             try:
-                server = _SERVERS[key] = Server(kind, env)
+                server = _SERVERS[key] = Server(kind, env, executable)
             except OSError as exc:
                 raise Refused(f"the warm server could not start: {exc}") from None
     if wait:
@@ -280,10 +284,10 @@ def stop_servers(kind: Kind) -> None:
         s.stop()
 
 
-def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2)) -> WarmChild:
-    """Fork ``python -m MODULE ARGV`` of ``kind`` from a warm server: the one ``kind.address_var`` names if it serves
-    this environment, else this process's own. ``Refused`` says why not."""
-    key = import_key(env)
+def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2), executable: str = sys.executable) -> WarmChild:
+    """Fork ``EXECUTABLE -m MODULE ARGV`` of ``kind`` from a warm server running ``executable``: the one
+    ``kind.address_var`` names if it serves this environment, else this process's own. ``Refused`` says why not."""
+    key = import_key(env, executable)
     addresses = []
     inherited = os.environ.get(kind.address_var) if kind.address_var else None
     if inherited:
@@ -298,7 +302,7 @@ def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2)) -> WarmChil
     for address in addresses:
         try:
             if address is None:
-                address = own_server(kind, env).address
+                address = own_server(kind, env, executable=executable).address
             return _request(address, argv, env, cwd, fds)
         except Refused as exc:
             why = exc
