@@ -242,3 +242,30 @@ def test_a_kernel_of_another_interpreter_path_forks_from_a_server_on_that_path(t
         with pytest.raises(warm.Refused):
             warm.fork(warm.KERNEL, ["--version"], {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "/",
                       executable=foreign)
+
+
+@pytest.mark.slow
+def test_an_autograde_forks_its_grader_kernel_from_the_grading_process_server(synthetic_course, tmp_path,
+                                                                             no_leaked_processes):
+    """The nbgrader run an autograde starts is handed this process's kernel server (ADDRESS_VAR) and forks its
+    grader kernel there: the server reaps it (its children's CPU grows) and no kernel says it started cold."""
+    import shutil
+
+    import nbformat
+
+    from lab_utils import grading
+
+    lab = "00_synthetic"
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    grading.submit(root, "alice", lab, grading.fill_solutions(rel, src))
+    server = warm.own_server(warm.KERNEL, dict(os.environ))
+    before = psutil.Process(server.proc.pid).cpu_times()
+    run = grading.autograde(lab, course_root=root)
+    after = psutil.Process(server.proc.pid).cpu_times()
+    assert run.returncode == 0, run.output[-3000:]
+    assert "starts cold" not in run.output, run.output[-3000:]
+    assert after.children_user + after.children_system > before.children_user + before.children_system, (
+        "no kernel forked by the grading process's server ended during the autograde")

@@ -7,8 +7,8 @@ numpy in the course's first cell); ``dtlabs validate``, every grading and the te
 (``serve``) imports ``PRELOAD`` (a ``Kind``'s preload) once, checks that no import started a thread (a fork copies
 only the calling thread, so a lock another thread held would stay held in the child; torch's OpenMP pool starts on
 the first parallel op, which the server never runs, and numpy's OpenBLAS pool is held at one thread until the child
-sets its own), and then forks one child per request. The server never runs a cell, a student's or the course's: every child starts from the same
-clean state.
+sets its own), and then forks one child per request. The server never runs a cell, a student's or the course's:
+every child starts from the same clean state.
 
 A forked child is what a cold start would be (``_become``): a session and process group of its own (so an interrupt or
 a kill reaches it and what it started, as ``LocalProvisioner`` signals a kernel's group), the caller's
