@@ -80,7 +80,7 @@ PAD_VAR = "DTLABS_WARM_ENV_ROOM"
 ENV_ROOM = 1 << 16  # bytes of /proc/PID/environ a forked kernel can fill with its own environment
 ARG_ROOM = 1 << 12  # and of /proc/PID/cmdline, for its own command line
 START_TIMEOUT_S = 120.0
-FORK_TIMEOUT_S = 30.0
+FORK_TIMEOUT_S = 60.0  # a first request waits for the server's imports too
 
 
 def import_key(env: dict, executable: str = sys.executable) -> str:
@@ -268,7 +268,7 @@ def shared_env(env: dict) -> dict:
         except (ValueError, TypeError, IndexError):
             pass
     try:
-        server = own_server(KERNEL, env)
+        server = own_server(KERNEL, env, wait=False)  # its address is bound already; it imports meanwhile
     except Refused:
         return {}
     return {ADDRESS_VAR: json.dumps([server.address, server.key])}
