@@ -100,7 +100,7 @@ LABS ?=
 stress: $(VENV)/.installed  ## grade every lab's solution K times (K=10) with the other cores busy; LABS=... picks labs
 	$(VENV)/bin/dtlabs stress $(LABS) --k $(K)
 
-STRESS_TESTS ?= tests/test_torchrun.py tests/test_reliability.py tests/test_browser.py
+STRESS_TESTS ?= tests/labkit/test_torchrun.py tests/launcher/test_reliability.py tests/labs/test_browser.py
 stress-tests: $(VENV)/.installed  ## run the torchrun, launcher-reliability and browser tests K times in a row under load
 	$(VENV)/bin/dtlabs stress --tests "$(STRESS_TESTS)" --k $(K)
 

@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", action="store_true", help="keep the scratch courses (autograded notebooks)")
     s.add_argument("--tests", metavar="PYTEST_ARGS", default=None,
                    help="instead of grading labs, run pytest with these arguments (one quoted string, e.g. "
-                        "'-n 2 tests/test_torchrun.py') K times in a row under the same load")
+                        "'-n 2 tests/labkit/test_torchrun.py') K times in a row under the same load")
     s.set_defaults(func=_stress)
     return p
 

@@ -2,7 +2,7 @@
 
 The choice is made before triton and numba are imported (numba reads NUMBA_ENABLE_CUDASIM once, when ``numba.cuda``
 is imported; Triton reads TRITON_INTERPRET when a kernel is decorated). Importing this module loads neither, so
-nothing outside Lab 11 loads them (tests/test_gpu_kernels.py); ``choose`` loads Triton's interpreter on a CPU to
+nothing outside Lab 11 loads them (tests/labs/test_gpu_kernels.py); ``choose`` loads Triton's interpreter on a CPU to
 bounds-check it.
 """
 from __future__ import annotations

@@ -14,8 +14,8 @@ subject, tests in the grader kernel, scores by nbgrader's own ``determine_grade`
    session changed and the verdicts after it cannot be trusted.
 
 It is a test of the tests, not a grade: a student's submission is always graded alone (``dtlabs grade``). The same
-answers graded one submission each (``DTLABS_FULL=1`` in tests/test_labs.py) give the same verdicts,
-and tests/test_grading_cli.py checks that on the synthetic lab.
+answers graded one submission each (``DTLABS_FULL=1`` in tests/labs/test_labs.py) give the same verdicts,
+and tests/grading/test_grading_cli.py checks that on the synthetic lab.
 """
 from __future__ import annotations
 
