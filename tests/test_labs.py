@@ -6,7 +6,7 @@
    answer (grader/known_wrong/NN_topic/*.py) loses points on every cell it names;
 3. nothing the notebooks started (ranks, zygotes, torchrun agents and workers, kernels) survives.
 
-Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/swaps.py): one kernel and subject for every
+Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/quality/swaps.py): one kernel and subject for every
 answer instead of one each (a known-wrong answer cost ~12 s as its own submission, ~1 s as a swap), and each
 solution runs twice in all: with its demos under papermill, without them in the session. DTLABS_FULL=1
 (the GPU and nightly jobs) grades the solution with its demos and every other answer as its own submission in a
@@ -168,7 +168,7 @@ def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_proces
 
 # ------------------------------------------------------------------------------------------ autograde
 class LabGrades:
-    """A lab's verdicts. By default one ``check_swaps`` session (lab_utils/grading/swaps.py: the split execution and
+    """A lab's verdicts. By default one ``check_swaps`` session (lab_utils/grading/quality/swaps.py: the split execution and
     sandbox of autograde, one kernel and subject for every answer) grades the solution without its demo cells, the
     release and each known-wrong answer; the demo cells run in the papermill test, and nbgrader's own pipeline
     around split execution is graded for real by test_cheats.py (Lab 01) and test_grading_cli.py. With
