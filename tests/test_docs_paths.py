@@ -12,7 +12,7 @@ What counts as a path:
 - a section reference: "ARCHITECTURE.md, section N", "ARCHITECTURE.md §N" and, inside ARCHITECTURE.md, "§N" need a
   section numbered N; ``SOME.md, "Title"`` needs a heading with that title in SOME.md.
 
-Run-time state the course writes (``grader/work/``, ``.venv``) is not in a checkout and is not checked.
+What the course writes when it runs (``grader/work/``, ``benchmarks/results/``) is not in a checkout and is not checked.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TOP = ("lab_utils", "grader", "tests", "solutions", "labs", "benchmarks", ".ci", ".github")
 SUBPACKAGES = ("launcher", "labkit", "grading", "boundary", "export", "split", "quality", "default_config")
-RUNTIME = ("grader/work", "grader/work/", ".venv", "tests/deploy/.cache")  # written when the course runs
+RUNTIME = ("grader/work", "benchmarks/results")  # git-ignored folders the course writes when it runs
 
 PATH_RE = re.compile(r"(?<![\w.$/-])((?:%s)/[\w./<>*{}-]*)" % "|".join(re.escape(t) for t in TOP + SUBPACKAGES))
 DOTTED_RE = re.compile(r"(?<![\w./-])(lab_utils(?:\.\w+)+)")

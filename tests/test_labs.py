@@ -1,4 +1,4 @@
-"""Every lab, proved the same way (AUTHORING.md, "What CI proves"), discovered from solutions/*/:
+"""Every lab, proved the same way (AUTHORING.md, "What CI proves for every lab"), discovered from solutions/*/:
 
 1. the solution runs under papermill with parameters injected (CPU, gloo), cwd at the notebook's folder;
 2. graded the way autograde grades (sandboxed subject, split execution, hidden tests in place), the solution
@@ -6,11 +6,11 @@
    answer (grader/known_wrong/NN_topic/*.py) loses points on every cell it names;
 3. nothing the notebooks started (ranks, zygotes, torchrun agents and workers, kernels) survives.
 
-Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/quality/swaps.py): one kernel and subject for every
-answer instead of one each (a known-wrong answer cost ~12 s as its own submission, ~1 s as a swap), and each
-solution runs twice in all: with its demos under papermill, without them in the session. DTLABS_FULL=1
-(the GPU and nightly jobs) grades the solution with its demos and every other answer as its own submission in a
-real ``nbgrader autograde`` run instead, as a student's would be.
+Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/quality/swaps.py): one kernel and subject for
+every answer instead of one each (a swap re-runs a few cells; a submission starts a kernel and a subject, each
+importing torch), and each solution runs twice in all: with its demos under papermill, without them in the
+session. DTLABS_FULL=1 (the GPU and nightly jobs) grades the solution with its demos and every other answer as its
+own submission in a real ``nbgrader autograde`` run instead, as a student's would be.
 """
 from __future__ import annotations
 
