@@ -284,7 +284,7 @@ def test_a_late_submission_that_backdates_itself_in_the_fallback_is_not_graded(s
 
 def test_starting_the_sandbox_is_not_cut_short_by_the_per_cell_limit(tmp_path, monkeypatch):
     """The hidden first cell starts the subject (bubblewrap, Python, torch): under load that takes longer than an
-    instructor's short ``--timeout`` for student cells (a CI run lost a good submission to ``--timeout 5`` so)."""
+    instructor's short ``--timeout`` for student cells, which must not cost a good submission its grade."""
     from lab_utils.grading.split.execute import SplitExecute
     from lab_utils.grading.split.proxy import START_TIMEOUT_S
 

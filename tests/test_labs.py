@@ -48,10 +48,10 @@ LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "15
 # verdict) and without the demo cells (student-writable cells that are neither answers nor course cells), which no
 # test may depend on: the solution without demos proves that, by keeping full marks.
 # The per-cell limit `dtlabs grade` gives a student (180 s): Lab 10's Ray Train cell (one TorchTrainer.fit, six Ray
-# processes starting on 2 cores) took 85-125 s in swap sessions on a shared, loaded machine.
+# processes starting on 2 cores) needs much of it on a shared, loaded machine.
 SESSION_CELL_TIMEOUT_S = 180
 # Each push grades a fixed sample (seed 0) of `dtlabs mutate`'s single-change mutants of every lab in its session;
-# each must lose a point (issue 10's bar is 90% killed; of 3, that is all). `make mutate` grades more.
+# each must lose a point (the bar is 90% killed; of 3, that is all). `make mutate` grades more.
 MUTANTS_PER_LAB = int(os.environ.get("DTLABS_MUTANTS_PER_LAB", "3"))
 
 
