@@ -1,5 +1,5 @@
-"""Every repository path a document names exists: the docs (*.md), and the comments and docstrings of the package,
-the tests, the benchmarks, the course's grader files, the Makefile and CI's scripts.
+"""Every repository path a document names exists: the docs (*.md); the comments and docstrings of the package, the
+tests, the benchmarks, the course's grader files, the Makefile and CI's scripts; the labs' markdown and comments.
 
 What counts as a path:
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import re
 import tokenize
 from pathlib import Path
@@ -191,11 +192,24 @@ def problems_in(name: str, text: str, local_sections: set[str] | None = None, fi
     return found
 
 
-@pytest.mark.parametrize("kind", ["documents", "sources"])
+def _notebook_prose(path: Path) -> list[tuple[str, str]]:
+    """A lab source's markdown cells and its code cells' comments and docstrings, each named by its cell id."""
+    cells = json.loads(path.read_text())["cells"]
+    return [(f"{path.relative_to(ROOT)}#{c.get('id', i)}", "".join(c["source"]) if c["cell_type"] == "markdown"
+             else "\n".join(text for _, text in _python_prose("".join(c["source"])))) for i, c in enumerate(cells)]
+
+
+@pytest.mark.parametrize("kind", ["documents", "sources", "notebooks"])
 def test_every_repository_path_named_in_the_docs_exists(kind):
-    files = _documents() if kind == "documents" else _sources()
-    assert files, "no file to check: the globs are wrong"
     found = []
+    if kind == "notebooks":
+        notebooks = sorted(ROOT.glob("solutions/*/*.ipynb"))
+        assert notebooks, "no lab source to check: the glob is wrong"
+        for path in notebooks:
+            for name, text in _notebook_prose(path):
+                found += problems_in(name, text)
+    files = {"documents": _documents, "sources": _sources}.get(kind, list)()
+    assert files or kind == "notebooks", "no file to check: the globs are wrong"
     for path in files:
         rel = str(path.relative_to(ROOT))
         local = _sections(path)[0] if path.name == "ARCHITECTURE.md" else None
