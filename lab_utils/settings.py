@@ -66,7 +66,7 @@ class DTLabs(Configurable):
     ).tag(config=True, env="DTLABS_SUBJECT_USER")
 
     warm_nbgrader = Bool(
-        True, help="Fork each nbgrader run from a server that has imported nbgrader once (about a CPU-second saved "
+        True, help="Fork each nbgrader run from a server that has imported nbgrader once (its imports are saved "
                    "per submission). Off: every run is a fresh `python -m nbgrader`. Either way the run is the same."
     ).tag(config=True, env="DTLABS_WARM_NBGRADER")
     unsafe_plain_execute = Bool(

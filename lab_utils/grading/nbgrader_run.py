@@ -10,8 +10,8 @@ is ignored), so every call runs with ``JUPYTER_CONFIG_PATH`` at the course's ``g
 carrying it (a kernel, a torchrun agent a cell started in its own session) is killed. Processes without the
 token are never touched. Submissions' own processes live in their sandbox and die with it.
 
-Runs start warm (``c.DTLabs.warm_nbgrader``): nbgrader's imports (nbconvert, SQLAlchemy, traitlets) are a
-CPU-second of the three a small submission costs, so each grading process keeps one server that imports them once,
+Runs start warm (``c.DTLabs.warm_nbgrader``): nbgrader's imports (nbconvert, SQLAlchemy, traitlets) are a large
+share of what a small submission costs, so each grading process keeps one server that imports them once,
 in a clean folder with nothing prepended to ``sys.path``, and forks every run from that state. The child takes the
 run's environment, folder, arguments and output pipe, and calls nbgrader's own entry point as ``python -m nbgrader``
 would there; the server runs nothing else, so no run sees another's state. Where the server cannot start, a run
@@ -324,7 +324,7 @@ def _warm_run(args, env: dict, cwd: str) -> WarmRun | None:
 
 def alembic_head() -> str:
     """The schema revision nbgrader stamps a new gradebook with, from alembic's API: what ``alembic heads`` prints
-    first, which nbgrader's ``get_alembic_version`` runs as a process (1.3 CPU-s) for every gradebook it creates."""
+    first, which nbgrader's ``get_alembic_version`` runs as a whole process for every gradebook it creates."""
     from alembic.script import ScriptDirectory
     from nbgrader.dbutil import ALEMBIC_DIR
 

@@ -108,7 +108,7 @@ def guard_interpreter() -> None:
 
 
 def _numba_cannot_compile() -> str:
-    """Measured on an H200 (numba-cuda 0.30.4, numpy 2.5.2): numba-cuda's compiler registers np.row_stack, which
+    """With numba-cuda 0.30.4 and numpy 2.5.2: numba-cuda's compiler registers np.row_stack, which
     numpy 2.5 removed, and every kernel then fails to compile with AttributeError. The extra pins numpy<2.5; an
     environment that has numpy 2.5 anyway keeps Triton compiled and runs numba's kernels in the simulator."""
     import numpy as np

@@ -8,7 +8,7 @@ What this module adds around torchrun, and why:
 - Output of every agent and its workers streams into the cell as ``[node i] ...``, printed from the calling
   thread (ipykernel routes output from background threads unreliably).
 - Nothing survives. torchrun starts each worker in its *own session*, so killing an agent's process group
-  does not reach its workers, and a worker of a timed-out cell keeps running (ARCHITECTURE.md, section 2). Every
+  does not reach its workers, and a worker of a timed-out cell keeps running (ARCHITECTURE.md §7). Every
   agent gets a marker ``DTLABS_RUN_ID`` in its environment, which its workers inherit; on success, error,
   timeout or ``KeyboardInterrupt`` we SIGKILL each agent's process group, every descendant we saw, and every
   process of ours that carries the marker (found with psutil). Agents also get ``PR_SET_PDEATHSIG=SIGTERM``
@@ -17,8 +17,8 @@ What this module adds around torchrun, and why:
   with the agent's shared store, restarted gloo workers can read stale peer addresses and hang for the
   30-minute default (pytorch#135712).
 - No agent's exit strands another. The agent that hosts the rendezvous store must outlive every agent that
-  still talks to it (the exit barrier, the rendezvous shutdown); on a loaded machine the host used to finish
-  first and the other agent failed with "Failed to recv ... Did the remote server shutdown or crash?". So with
+  still talks to it (the exit barrier, the rendezvous shutdown); on a loaded machine a host that finishes
+  first fails the other agent with "Failed to recv ... Did the remote server shutdown or crash?". So with
   c10d this process hosts the rendezvous store itself (a ``TCPStore`` on port 0, alive until every agent is
   gone) and every agent joins it without hosting (``--rdzv-conf=is_host=false``). A static rendezvous always
   has node 0 host the store, so node 0's agent waits, after torchrun is done, until this process has seen every

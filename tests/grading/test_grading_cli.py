@@ -285,7 +285,7 @@ def test_a_late_submission_that_backdates_itself_in_the_fallback_is_not_graded(s
 
 def test_starting_the_sandbox_is_not_cut_short_by_the_per_cell_limit(tmp_path, monkeypatch):
     """The hidden first cell starts the subject (bubblewrap, Python, torch): under load that takes longer than an
-    instructor's short ``--timeout`` for student cells (a CI run lost a good submission to ``--timeout 5`` so)."""
+    instructor's short ``--timeout`` for student cells, which must not cost a good submission its grade."""
     from lab_utils.grading.split.execute import SplitExecute
     from lab_utils.grading.split.proxy import START_TIMEOUT_S
 
@@ -309,7 +309,7 @@ FORMULA = '=HYPERLINK("evil.example","10")'
 @pytest.mark.timeout(900)
 def test_grade_refuses_bad_ids_at_the_door_and_grades_the_rest(synthetic_course, tmp_path, no_leaked_processes,
                                                                 capsys):
-    """Issue 33's attacks through `dtlabs grade --submissions`: forged, formula, escape-code and case-pair ids and a
+    """The id attacks through `dtlabs grade --submissions`: forged, formula, escape-code and case-pair ids and a
     symlinked folder are NOT GRADED with the reason, shown escaped, never in the gradebook or grades.csv; the
     submission time is the instructor's (--timestamps), not the student's own timestamp.txt; an unreadable notebook
     in a course with a due date gets its true reason, not a tampering verdict; a student of the gradebook without a
@@ -372,7 +372,7 @@ LIMIT_S = 25  # the synthetic lab grades in seconds; a sleeping cell is stopped 
 @pytest.mark.timeout(600)
 def test_grade_stops_a_submission_at_the_course_submission_timeout(synthetic_course, tmp_path, no_leaked_processes,
                                                                    capsys):
-    """`c.DTLabs.submission_timeout` in the course config takes effect in `dtlabs grade` (it was 1800 s, always)."""
+    """`c.DTLabs.submission_timeout` in the course config takes effect in `dtlabs grade`, not the built-in 1800 s."""
     root = tmp_path / "course"
     shutil.copytree(synthetic_course, root)
     from helpers import REPO

@@ -152,9 +152,9 @@ def test_a_task_on_a_node_that_cannot_grade_the_lab_grades_no_one(synthetic_cour
 @pytest.mark.timeout(600)
 def test_ids_at_the_door_of_the_array_and_a_named_student_without_a_submission(synthetic_course, tmp_path, capsys,
                                                                                  no_leaked_processes):
-    """Issue 33: `prepare-array LAB a b ghost` refused the whole class for ghost; a newline in an id added roster
-    lines ('.' deleted the shared template, '..' wrote above the results folder, a classmate was graded twice).
-    Now ghost is MISSING (prepare, then merge), an id that breaks the rule is NOT GRADED and never a roster line or a
+    """`prepare-array LAB a b ghost` never refuses the whole class for ghost, and a newline in an id never adds
+    roster lines (a '.' line would delete the shared template, '..' write above the results folder, a classmate be
+    graded twice): ghost is MISSING (prepare, then merge), an id that breaks the rule is NOT GRADED and never a roster line or a
     folder, a roster line edited to '.' or '..' grades nothing and deletes nothing, and the rest is graded."""
     root = _course(synthetic_course, tmp_path, students=("ann", "bob"))
     results = tmp_path / "results"

@@ -1,4 +1,4 @@
-"""Stanford CS336 assignment 2's FSDP adapters (``tests/adapters.py`` there), answered by Lab 03's ``FSDP``.
+"""Stanford CS336 assignment 2's FSDP adapters (``assignment2-systems/tests/adapters.py``), answered by Lab 03's ``FSDP``.
 
 The class is read from the solution notebook (its parameters, helper and ``FSDP`` cells, run in this module's
 namespace), so CS336's tests judge exactly the code the lab grades. tests/labs/test_cs336_fsdp.py runs their tests with this

@@ -282,7 +282,7 @@ def test_agent_command_for_real_machines():
 
 
 def test_c10d_agents_join_the_store_this_process_hosts(tmp_path):
-    """Issue 15: no agent may host the rendezvous store, or its exit strands the others (``Failed to recv``)."""
+    """No agent may host the rendezvous store, or its exit strands the others (``Failed to recv``)."""
     script = _script(tmp_path, "all_reduce.py", ALL_REDUCE)
     result = run_nodes(script, nnodes=2, rdzv="c10d", timeout=120, quiet=True)
     assert result.ok, result.output()

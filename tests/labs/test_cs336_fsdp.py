@@ -67,7 +67,7 @@ def _missing() -> str | None:
 
 @pytest.fixture(scope="module")
 def cs336_run(tmp_path_factory):
-    """Their tests/test_fsdp.py, run once: {test name: (outcome, message)}."""
+    """Their assignment2-systems/tests/test_fsdp.py, run once: {test name: (outcome, message)}."""
     reason = _missing()
     if reason:
         pytest.skip(reason)

@@ -21,10 +21,10 @@ FRAMEWORKS = ("deepspeed", "ray", "tensorflow", "accelerate")
 # The Makefile installs the extra where the frameworks have wheels (and FRAMEWORKS=0 was not asked for).
 PLATFORM_ALLOWS = platform.system() == "Linux" and platform.machine() == "x86_64" and sys.version_info < (3, 14)
 
-# Measured on this course's machine (Python 3.11, torch 2.13.0+cpu, gcc 12.2, cmake 3.25), 2026-11-24:
+# With Python 3.11, torch 2.13.0+cpu, gcc 12.2 and cmake 3.25,
 #   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
 #   HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation horovod==0.28.1
-# built its bundled gloo for 8 min 48 s and failed on the torch extension (exit 1).
+# builds its bundled gloo for minutes and fails on the torch extension (exit 1).
 HOROVOD_REASON = (
     "horovod 0.28.1 (its last release, June 2023) does not build against torch 2.13: its CMake build compiles the "
     "torch extension with -std=c++14 and torch's headers stop it ('#error C++17 or later compatible compiler is "

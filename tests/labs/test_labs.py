@@ -1,4 +1,4 @@
-"""Every lab, proved the same way (AUTHORING.md, "What CI proves"), discovered from solutions/*/:
+"""Every lab, proved the same way (AUTHORING.md, "What CI proves for every lab"), discovered from solutions/*/:
 
 1. the solution runs under papermill with parameters injected (CPU, gloo), cwd at the notebook's folder;
 2. graded the way autograde grades (sandboxed subject, split execution, hidden tests in place), the solution
@@ -6,11 +6,11 @@
    answer (grader/known_wrong/NN_topic/*.py) loses points on every cell it names;
 3. nothing the notebooks started (ranks, zygotes, torchrun agents and workers, kernels) survives.
 
-Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/swaps.py): one kernel and subject for every
-answer instead of one each (a known-wrong answer cost ~12 s as its own submission, ~1 s as a swap), and each
-solution runs twice in all: with its demos under papermill, without them in the session. DTLABS_FULL=1
-(the GPU and nightly jobs) grades the solution with its demos and every other answer as its own submission in a
-real ``nbgrader autograde`` run instead, as a student's would be.
+Point 2 runs in one ``check_swaps`` session per lab (lab_utils/grading/quality/swaps.py): one kernel and subject for
+every answer instead of one each (a swap re-runs a few cells; a submission starts a kernel and a subject, each
+importing torch), and each solution runs twice in all: with its demos under papermill, without them in the
+session. DTLABS_FULL=1 (the GPU and nightly jobs) grades the solution with its demos and every other answer as its
+own submission in a real ``nbgrader autograde`` run instead, as a student's would be.
 """
 from __future__ import annotations
 
@@ -49,10 +49,10 @@ LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "15
 # verdict) and without the demo cells (student-writable cells that are neither answers nor course cells), which no
 # test may depend on: the solution without demos proves that, by keeping full marks.
 # The per-cell limit `dtlabs grade` gives a student (180 s): Lab 10's Ray Train cell (one TorchTrainer.fit, six Ray
-# processes starting on 2 cores) took 85-125 s in swap sessions on a shared, loaded machine.
+# processes starting on 2 cores) needs much of it on a shared, loaded machine.
 SESSION_CELL_TIMEOUT_S = 180
 # Each push grades a fixed sample (seed 0) of `dtlabs mutate`'s single-change mutants of every lab in its session;
-# each must lose a point (issue 10's bar is 90% killed; of 3, that is all). `make mutate` grades more.
+# each must lose a point (the bar is 90% killed; of 3, that is all). `make mutate` grades more.
 MUTANTS_PER_LAB = int(os.environ.get("DTLABS_MUTANTS_PER_LAB", "3"))
 
 
@@ -169,7 +169,7 @@ def test_solution_runs_with_nccl_on_a_gpu_runner(lab, tmp_path, no_leaked_proces
 
 # ------------------------------------------------------------------------------------------ autograde
 class LabGrades:
-    """A lab's verdicts. By default one ``check_swaps`` session (lab_utils/grading/swaps.py: the split execution and
+    """A lab's verdicts. By default one ``check_swaps`` session (lab_utils/grading/quality/swaps.py: the split execution and
     sandbox of autograde, one kernel and subject for every answer) grades the solution without its demo cells, the
     release and each known-wrong answer; the demo cells run in the papermill test, and nbgrader's own pipeline
     around split execution is graded for real by test_cheats.py (Lab 01) and test_grading_cli.py. With

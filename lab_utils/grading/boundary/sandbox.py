@@ -378,7 +378,7 @@ def describe_mounts(workdir) -> str:
 
 def _matplotlib_cache() -> Path:
     """Where matplotlib keeps its font cache (``matplotlib.get_cachedir()``'s documented rule), found without
-    importing matplotlib: the grader kernel starts every sandbox and otherwise never needs it (0.2 CPU-s each)."""
+    importing matplotlib: the grader kernel starts every sandbox and otherwise never needs matplotlib."""
     if os.environ.get("MPLCONFIGDIR"):
         return Path(os.environ["MPLCONFIGDIR"])
     if sys.platform.startswith(("linux", "freebsd")):

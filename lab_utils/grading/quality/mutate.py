@@ -27,7 +27,7 @@ accepted in ``grader/mutants/NN_topic.toml`` with a reason, and is then neither 
     id = "3f2a9c01d4"
     reason = "x.min() and x.min().item() compare the same way against 0.0"
 
-All mutants of one lab are graded in ONE swap session (``lab_utils/grading/swaps.py``): the solution runs once,
+All mutants of one lab are graded in ONE swap session (``lab_utils/grading/quality/swaps.py``): the solution runs once,
 each mutant swaps its cell in, re-runs the cells from there on until a test loses points (killed) or the last test
 passes (survived), and is put back; the unmutated solution before the first mutant and after the last is the
 control.

@@ -1,9 +1,8 @@
 """Many answers, one grading session: how each swapped answer scores, without a kernel and sandbox per answer.
 
 Proving a lab's tests (the release scores zero, each known-wrong answer loses the cells it names, a mutant loses
-something) used to cost one whole ``nbgrader autograde`` submission per answer: a kernel and a sandboxed subject,
-each importing torch (3 s of CPU apiece on a CI core), and a rank server's warm-up, for a few seconds of tests. Here one session
-grades them all, through the same split execution as ``autograde`` (``SplitExecute``: answers in the sandboxed
+something) as one ``nbgrader autograde`` submission per answer costs a kernel and a sandboxed subject per answer,
+each importing torch, and a rank server's warm-up, for a few seconds of tests. Here one session grades them all, through the same split execution as ``autograde`` (``SplitExecute``: answers in the sandboxed
 subject, tests in the grader kernel, scores by nbgrader's own ``determine_grade``):
 
 1. the lab's source notebook runs once with the solution typed in and the demo cells left out: the *baseline*;

@@ -46,7 +46,7 @@ def execution_config(dt):
         # nbgrader 0.9 reads Execute.timeout and ignores ExecutePreprocessor.timeout (nbgrader#1463)
         "timeout": dt.cell_timeout,
         # A cell that ran past its limit must cost that cell, not the notebook: nbgrader would otherwise drop the
-        # whole submission when the interrupted kernel's last outputs arrive late (seen on a loaded grader).
+        # whole submission when the interrupted kernel's last outputs arrive late (as they do on a loaded grader).
         "raise_on_iopub_timeout": False,
         "interrupt_on_timeout": True,
         "execute_retries": 0,

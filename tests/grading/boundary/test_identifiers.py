@@ -1,5 +1,5 @@
-"""Student ids at the door, and what the course writes from them: the attacks of issue 33 on ids, timestamps and the
-digest, each replayed (no grading here: the gradebook, nbgrader's export and the Canvas exporter run for real on the
+"""Student ids at the door, and what the course writes from them: the attacks on ids, timestamps and the digest, each
+replayed (no grading here: the gradebook, nbgrader's export and the Canvas exporter run for real on the
 synthetic course; tests/grading/test_grading_cli.py and tests/grading/test_jobarray.py grade through the same door).
 
 What they protect: an id that is not printable, holds a path separator, begins with '-', '=', '+' or '@', or differs
@@ -151,8 +151,8 @@ ROSTER = (
 
 
 def test_canvas_export_skips_a_case_conflict_and_exports_the_rest(synthetic_course, tmp_path, capsys):
-    """The gradebook holds 'Ann' and 'ann' (one Canvas login): they are skipped and named, bob is exported; before,
-    the whole class was refused. A formula in a roster cell comes back as text."""
+    """The gradebook holds 'Ann' and 'ann' (one Canvas login): they are skipped and named, bob is exported, not the whole
+    class refused. A formula in a roster cell comes back as text."""
     course = tmp_path / "course"
     shutil.copytree(synthetic_course, course)
     _legacy_gradebook(course, ["Ann", "ann", "bob"])
@@ -199,8 +199,8 @@ def test_timestamps_that_are_not_times_are_refused_with_the_row(tmp_path):
 
 
 def test_two_different_submissions_never_share_a_digest(synthetic_course, tmp_path):
-    """Names and contents were hashed end to end: {a: '', b: '1'} and {a: 'b\\0' '1'} gave one stream, so a
-    resubmission could keep the old grade."""
+    """Names and contents are framed in the digest: hashed end to end, {a: '', b: '1'} and {a: 'b\\0' '1'} would
+    give one stream, and a resubmission could keep the old grade."""
     course = tmp_path / "course"
     (course / "solutions").mkdir(parents=True)
     shutil.copytree(synthetic_course / "solutions" / LAB, course / "solutions" / LAB)

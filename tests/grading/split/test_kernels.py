@@ -1,5 +1,5 @@
-"""Kernels on private sockets (lab_utils.grading.split.kernels): no TCP port for another process to take before the kernel binds
-it (a CI run lost `dtlabs validate` to "Address already in use"), nothing left behind."""
+"""Kernels on private sockets (lab_utils.grading.split.kernels): no TCP port for another process to take before the
+kernel binds it (a ``dtlabs validate`` lost to "Address already in use"), nothing left behind."""
 from __future__ import annotations
 
 import json
