@@ -164,13 +164,13 @@ def test_a_subject_stopped_by_the_address_space_limit_before_the_watchdog_looks_
     """The race the canary test leaves to chance: the watchdog (here slowed to a minute) has not yet measured the
     subject when its small limit stops the interpreter, so the reason comes from what the subject printed."""
     from lab_utils.grading.boundary.sandbox import Limits
-    from lab_utils.grading.split import proxy
+    from lab_utils.grading.split import channel
 
     work = tmp_path / "work"
     work.mkdir()
-    session = proxy._Session(work, limits=Limits(memory_mb=5, poll_s=60.0))
+    session = channel.SubjectProcess(work, limits=Limits(memory_mb=5, poll_s=60.0))
     try:
-        with pytest.raises(proxy.SubjectGone, match="memory limit") as caught:
+        with pytest.raises(channel.SubjectGone, match="memory limit") as caught:
             session.wait_ready(timeout=60)
     finally:
         session.stop()
@@ -184,14 +184,14 @@ def test_a_process_flood_the_watchdog_has_not_yet_seen_is_named_when_the_submiss
     (here slowed to a minute) looks. The last look when the subject stops names the limit all the same."""
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.boundary.sandbox import Limits
-    from lab_utils.grading.split import proxy
+    from lab_utils.grading.split import channel
 
     if mode == "bwrap" and sandbox.mode() != "bwrap":
         pytest.skip("bubblewrap cannot build a sandbox here")
     monkeypatch.setenv("DTLABS_SANDBOX", mode)
     work, report = tmp_path / "work", tmp_path / "sandbox.txt"
     work.mkdir()
-    session = proxy._Session(work, limits=Limits(max_procs=20, poll_s=60.0), report_path=str(report))
+    session = channel.SubjectProcess(work, limits=Limits(max_procs=20, poll_s=60.0), report_path=str(report))
     try:
         session.wait_ready(timeout=60)
         reply = session.request({"op": "run_cell", "source": "import subprocess\n"
