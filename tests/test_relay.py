@@ -220,9 +220,11 @@ def test_a_send_outside_the_group_or_to_oneself_is_named(tmp_path):
         s = wire.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
         s.settimeout(10)
         wire.send_message(s, {"op": "hello", "rank": 0})
-        wire.send_message(s, {"id": 1, "op": "send", "group": [0, 1], "peer": 5, "dtype": "float32", "shape": [1]}, b"\0" * 4)
+        wire.send_message(s, {"id": 1, "op": "send", "group": [0, 1], "peer": 5, "dtype": "float32",
+                              "shape": [1]}, b"\0" * 4)
         assert "not in its group" in wire.recv_message(s)[0]["error"]
-        wire.send_message(s, {"id": 2, "op": "send", "group": [0, 1], "peer": 0, "dtype": "float32", "shape": [1]}, b"\0" * 4)
+        wire.send_message(s, {"id": 2, "op": "send", "group": [0, 1], "peer": 0, "dtype": "float32",
+                              "shape": [1]}, b"\0" * 4)
         assert "itself" in wire.recv_message(s)[0]["error"]
         wire.send_message(s, {"id": 3, "op": "recv", "group": [0, 1], "peer": "x", "nbytes": 4})
         assert "malformed" in wire.recv_message(s)[0]["error"]
