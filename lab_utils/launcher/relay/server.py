@@ -86,7 +86,7 @@ class Relay:
                     self._reply(conn, lock, header, error=str(exc))
                     continue
                 threading.Thread(target=self._call, args=(conn, lock, call, header, payload, slot), daemon=True).start()
-        except (OSError, RelayError, ValueError):
+        except (OSError, ValueError):  # a frame over its limit (wire.FrameTooLarge), a header that is not JSON
             return
         finally:
             conn.close()
