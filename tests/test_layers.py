@@ -1,4 +1,5 @@
-"""The package's shape: three layers whose imports point one way, no import circle, nothing of grading in a notebook.
+"""The package's shape: three layers whose imports point one way, no import circle, nothing of grading in a notebook,
+no folder of more than 12 modules and no module of more than 400 lines (each cut along its jobs instead).
 
 The import graph is read from the sources (every ``import`` and ``from ... import`` anywhere in a module, the
 lazy ones inside functions included), so a circle that only closes at run time is found too.
