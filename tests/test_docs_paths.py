@@ -126,8 +126,24 @@ def path_problem(raw: str) -> str | None:
 
 
 def _defines(source: str, name: str) -> bool:
-    return re.search(r"(?m)^\s*(?:def|class|async def)\s+%s\b|^\s*%s\s*[:=]|\bimport\b.*\b%s\b|\b%s\s*=" % (
-        (re.escape(name),) * 4), source) is not None
+    """``name`` is bound at the top of a module or in a class of it: defined, assigned or imported (a package's
+    ``__init__`` re-exports over several lines)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return re.search(r"(?m)^\s*(?:def|class|async def)\s+%s\b|\b%s\s*=" % ((re.escape(name),) * 2),
+                         source) is not None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return True
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == name:
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+    return False
 
 
 def dotted_problem(raw: str) -> str | None:

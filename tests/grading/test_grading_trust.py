@@ -3,7 +3,9 @@
 - the canary: a machine that cannot grade a lab refuses, says why and writes nothing; its verdict is kept; a sandbox
   that fails for a reason that is not the student's is never a zero, and stops the class until the canary passes;
 - no grading entry point (dtlabs grade, grade-one, validate, a swap session) imports from, or works in, a folder a
-  student writes, and a submission's links, special files and shipped modules are data, never followed or run.
+  student writes, and a submission's links, special files and shipped modules are data, never followed or run;
+- once hidden tests have run, an error the student's code raised keeps its type but carries the grader's words
+  (``split.crossing``, on replies as they come back), and a subject stopped by the memory limit is named so.
 """
 from __future__ import annotations
 
@@ -164,13 +166,13 @@ def test_a_subject_stopped_by_the_address_space_limit_before_the_watchdog_looks_
     """The race the canary test leaves to chance: the watchdog (here slowed to a minute) has not yet measured the
     subject when its small limit stops the interpreter, so the reason comes from what the subject printed."""
     from lab_utils.grading.boundary.sandbox import Limits
-    from lab_utils.grading.split import proxy
+    from lab_utils.grading.split import channel
 
     work = tmp_path / "work"
     work.mkdir()
-    session = proxy._Session(work, limits=Limits(memory_mb=5, poll_s=60.0))
+    session = channel.SubjectProcess(work, limits=Limits(memory_mb=5, poll_s=60.0))
     try:
-        with pytest.raises(proxy.SubjectGone, match="memory limit") as caught:
+        with pytest.raises(channel.SubjectGone, match="memory limit") as caught:
             session.wait_ready(timeout=60)
     finally:
         session.stop()
@@ -184,14 +186,14 @@ def test_a_process_flood_the_watchdog_has_not_yet_seen_is_named_when_the_submiss
     (here slowed to a minute) looks. The last look when the subject stops names the limit all the same."""
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.boundary.sandbox import Limits
-    from lab_utils.grading.split import proxy
+    from lab_utils.grading.split import channel
 
     if mode == "bwrap" and sandbox.mode() != "bwrap":
         pytest.skip("bubblewrap cannot build a sandbox here")
     monkeypatch.setenv("DTLABS_SANDBOX", mode)
     work, report = tmp_path / "work", tmp_path / "sandbox.txt"
     work.mkdir()
-    session = proxy._Session(work, limits=Limits(max_procs=20, poll_s=60.0), report_path=str(report))
+    session = channel.SubjectProcess(work, limits=Limits(max_procs=20, poll_s=60.0), report_path=str(report))
     try:
         session.wait_ready(timeout=60)
         reply = session.request({"op": "run_cell", "source": "import subprocess\n"
@@ -262,3 +264,40 @@ def test_a_sandbox_that_fails_is_never_a_zero_and_stops_the_class_until_the_cana
     assert code == 2 and "STOPPED" in text, text
     assert "NOT GRADED: b_good/00_synthetic (environment:" in text, text
     assert "NOT GRADED: c_wrong/00_synthetic (environment:" in text, text
+
+
+# ---------------------------------------------------------------------------------------------- crossing, on replies
+def test_an_error_keeps_its_built_in_type_and_loses_its_words_once_hidden_tests_have_run():
+    from lab_utils.grading.split.crossing import StudentError, remote_exception
+
+    reply = {"ok": False, "ename": "ValueError", "evalue": "secret=42", "traceback": ["line with secret=42"]}
+    shown = remote_exception(reply, hidden=False)
+    assert type(shown) is ValueError and str(shown) == "secret=42"
+    assert shown._render_traceback_() == ["line with secret=42"]
+    kept = remote_exception(reply, hidden=True)
+    assert type(kept) is ValueError and "secret" not in str(kept) and not hasattr(kept, "_render_traceback_")
+    own = remote_exception({"ename": "SecretNameError", "evalue": "secret=42"}, hidden=True)
+    assert type(own) is StudentError and "Secret" not in str(own) and "secret" not in str(own)
+    assert str(remote_exception({"ename": "SystemExit", "evalue": "3"}, hidden=False)) == "SystemExit: 3"
+
+
+def test_a_rank_failure_keeps_its_type_and_rank_and_loses_its_words_once_hidden_tests_have_run():
+    from lab_utils.grading.split.crossing import remote_exception
+    from lab_utils.launcher.diagnostics import RankFailedError, RankTimeoutError
+
+    failed = {"ename": "RankFailedError", "evalue": "rank 1 said secret=42", "launch": {"rank": 1}}
+    assert str(remote_exception(failed, hidden=False)) == "rank 1 said secret=42"
+    exc = remote_exception(failed, hidden=True)
+    assert isinstance(exc, RankFailedError) and "rank 1 of the submission failed" in str(exc) and "secret" not in str(exc)
+    stuck = remote_exception({"ename": "RankTimeoutError", "evalue": "secret", "launch": {"stuck_ranks": [0, "x"]}},
+                             hidden=True)
+    assert isinstance(stuck, RankTimeoutError) and "secret" not in str(stuck)
+
+
+def test_a_dead_subject_s_last_words_name_the_memory_limit_only_when_they_say_so():
+    from lab_utils.grading.split.crossing import memory_reason
+
+    assert memory_reason(b"Traceback ...\nMemoryError\n", 512).startswith(
+        "memory limit: a process of the submission could not allocate memory under the sandbox's limit (512 MB)")
+    assert "noexec" in memory_reason(b"libtorch.so: failed to map segment from shared object", 512)
+    assert memory_reason(b"Segmentation fault", 512) is None

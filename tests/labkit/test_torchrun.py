@@ -21,6 +21,7 @@ import pytest
 from helpers.launch import wait_gone
 
 from lab_utils.labkit import torchrun as tr
+from lab_utils.labkit.torchrun import agent, nodes, reaping
 from lab_utils.labkit.torchrun import TorchrunTimeout, processes_of, run_nodes
 
 pytestmark = pytest.mark.slow  # real torchrun agents and workers: seconds per test (make test-fast leaves them out)
@@ -178,8 +179,8 @@ def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
     busy.listen()
     taken = busy.getsockname()[1]
     ports = iter([taken])
-    real = tr.free_port
-    monkeypatch.setattr(tr, "free_port", lambda: next(ports, None) or real())
+    real = nodes.free_port
+    monkeypatch.setattr(nodes, "free_port", lambda: next(ports, None) or real())
     script = _script(tmp_path, "all_reduce.py", ALL_REDUCE)
     try:
         result = run_nodes(script, nnodes=2, timeout=120, quiet=True)
@@ -202,16 +203,16 @@ def test_a_port_is_taken_only_by_a_process_that_is_not_of_the_run(monkeypatch):
     """The run's marker makes a listener ours before any scan of the agents' children found it; an owner psutil
     could not name (a socket opened while it scanned /proc) is looked at again instead of failing the attempt."""
     run_id = "owners" + os.urandom(4).hex()
-    ours, our_port = _listener({**os.environ, tr.MARKER: run_id})
+    ours, our_port = _listener({**os.environ, reaping.MARKER: run_id})
     other, other_port = _listener(dict(os.environ))
     try:
-        assert tr._port_owners(our_port, [], [], run_id) == ({ours.pid}, set())
-        assert tr._port_owners(other_port, [], [], run_id) == ({other.pid}, {other.pid})
+        assert reaping.port_owners(our_port, [], [], run_id) == ({ours.pid}, set())
+        assert reaping.port_owners(other_port, [], [], run_id) == ({other.pid}, {other.pid})
         looks = iter([{None}, {ours.pid}])
-        monkeypatch.setattr(tr, "_listeners", lambda port: next(looks))
-        assert tr._port_owners(our_port, [], [], run_id) == ({ours.pid}, set()), "a nameless owner is looked at twice"
-        monkeypatch.setattr(tr, "_listeners", lambda port: {None})
-        assert tr._port_owners(our_port, [], [], run_id)[1] == {None}, "still nameless: another user's process"
+        monkeypatch.setattr(reaping, "_listeners", lambda port: next(looks))
+        assert reaping.port_owners(our_port, [], [], run_id) == ({ours.pid}, set()), "a nameless owner is looked at twice"
+        monkeypatch.setattr(reaping, "_listeners", lambda port: {None})
+        assert reaping.port_owners(our_port, [], [], run_id)[1] == {None}, "still nameless: another user's process"
     finally:
         for proc in (ours, other):
             proc.kill()
@@ -236,15 +237,15 @@ def test_reaping_catches_workers_started_while_it_ran(reaper):
 
     for _ in range(2):
         run_id = "reap" + os.urandom(4).hex()
-        agent = subprocess.Popen([sys.executable, "-c", SPAWNER], env={**os.environ, tr.MARKER: run_id},
+        agent = subprocess.Popen([sys.executable, "-c", SPAWNER], env={**os.environ, reaping.MARKER: run_id},
                                  start_new_session=True)
         deadline = time.monotonic() + 30
         while len(processes_of(run_id)) < 20 and time.monotonic() < deadline:
             time.sleep(0.05)
         if reaper == "torchrun":
-            tr._reap([agent], [], run_id)
+            reaping.reap([agent], [], run_id)
         else:
-            processes.reap_token(run_id, tr.MARKER)
+            processes.reap_token(run_id, reaping.MARKER)
             agent.wait(timeout=10)
         assert agent.poll() is not None and processes_of(run_id) == [], "a worker outlived the reaping"
 
@@ -302,20 +303,20 @@ def test_static_host_agent_waits_until_the_others_are_gone(monkeypatch):
 
     from torch.distributed import TCPStore
 
-    monkeypatch.setattr(tr, "HOST_WAIT_S", 600.0)
+    monkeypatch.setattr(agent, "HOST_WAIT_S", 600.0)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     gone = threading.Event()
 
     def others_exit(s=store):
         gone.set()
-        s.add(tr.EXITED_KEY, 2)
+        s.add(nodes.EXITED_KEY, 2)
 
     threading.Timer(1.0, others_exit).start()
-    tr._wait_for_other_agents(f"127.0.0.1:{store.port}:2")
+    agent._wait_for_other_agents(f"127.0.0.1:{store.port}:2")
     assert gone.is_set(), "the host agent left before the harness saw the other agents exit"
-    tr._wait_for_other_agents(f"127.0.0.1:{store.port}:1")  # already gone: returns (else the test times out)
+    agent._wait_for_other_agents(f"127.0.0.1:{store.port}:1")  # already gone: returns (else the test times out)
     del store
-    tr._wait_for_other_agents("127.0.0.1:1:1")  # no harness to ask: gives up (else the test times out)
+    agent._wait_for_other_agents("127.0.0.1:1:1")  # no harness to ask: gives up (else the test times out)
 
 
 ELASTIC = textwrap.dedent(

@@ -2,13 +2,15 @@
 process, the results are what gloo would give, and what a rank sends cannot make the relay misbehave."""
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
 import torch
 
 from lab_utils import RankFailedError, Traffic, launch
-from lab_utils.launcher import relay, wire
+from lab_utils.launcher import wire
+from lab_utils.launcher.relay import RelayError, collectives
 
 
 def _ring_pair():
@@ -116,13 +118,18 @@ def test_a_recv_of_the_wrong_size_is_named():
         launch(_wrong_size, world_size=2, timeout=30, quiet=True, traffic=Traffic())
 
 
-def test_a_frame_declared_over_the_limit_is_refused_before_it_is_read(tmp_path):
+@pytest.mark.parametrize("part", ["header", "payload"])
+def test_a_frame_declared_over_the_limit_is_refused_before_it_is_read(tmp_path, part):
     traffic = Traffic()
     r = traffic.start(1, directory=str(tmp_path))
     try:
         s = wire.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
-        relay._send(s, {"op": "hello", "rank": 0})
-        s.sendall(struct.pack("!II", 10, 1_500_000_000))  # 1.4 GB declared, never sent
+        wire.send_message(s, {"op": "hello", "rank": 0})
+        head = json.dumps({"id": 1, "op": "allreduce", "group": [0], "seq": 1, "dtype": "uint8", "shape": [1]}).encode()
+        if part == "header":
+            s.sendall(struct.pack("!Q", 1_500_000_000))  # 1.4 GB of header declared, never sent
+        else:
+            s.sendall(struct.pack("!Q", len(head)) + head + struct.pack("!Q", 1_500_000_000))
         s.settimeout(10)
         assert s.recv(1) == b"", "the relay should hang up on a frame over its limit"
     finally:
@@ -188,15 +195,15 @@ def test_a_second_connection_in_a_joined_rank_s_name_is_refused(tmp_path):
     r = traffic.start(1, directory=str(tmp_path))
     try:
         first = wire.connect_unix(r.address)
-        relay._send(first, {"op": "hello", "rank": 0})
+        wire.send_message(first, {"op": "hello", "rank": 0})
         first.settimeout(10)
-        relay._send(first, {"id": 1, "op": "barrier", "group": [0], "seq": 1})
-        assert relay._recv(first)[0] == {"id": 1, "error": None}
+        wire.send_message(first, {"id": 1, "op": "barrier", "group": [0], "seq": 1})
+        assert wire.recv_message(first)[0] == {"id": 1, "error": None}
         second = wire.connect_unix(r.address)
         second.settimeout(10)
         try:
-            relay._send(second, {"op": "hello", "rank": 0})
-            relay._send(second, {"id": 2, "op": "barrier", "group": [0], "seq": 2})
+            wire.send_message(second, {"op": "hello", "rank": 0})
+            wire.send_message(second, {"id": 2, "op": "barrier", "group": [0], "seq": 2})
             hung_up = second.recv(1) == b""
         except (BrokenPipeError, ConnectionResetError):  # closed already, or with our call unread
             hung_up = True
@@ -212,13 +219,15 @@ def test_a_send_outside_the_group_or_to_oneself_is_named(tmp_path):
     try:
         s = wire.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
         s.settimeout(10)
-        relay._send(s, {"op": "hello", "rank": 0})
-        relay._send(s, {"id": 1, "op": "send", "group": [0, 1], "peer": 5, "dtype": "float32", "shape": [1]}, b"\0" * 4)
-        assert "not in its group" in relay._recv(s)[0]["error"]
-        relay._send(s, {"id": 2, "op": "send", "group": [0, 1], "peer": 0, "dtype": "float32", "shape": [1]}, b"\0" * 4)
-        assert "itself" in relay._recv(s)[0]["error"]
-        relay._send(s, {"id": 3, "op": "recv", "group": [0, 1], "peer": "x", "nbytes": 4})
-        assert "malformed" in relay._recv(s)[0]["error"]
+        wire.send_message(s, {"op": "hello", "rank": 0})
+        wire.send_message(s, {"id": 1, "op": "send", "group": [0, 1], "peer": 5, "dtype": "float32",
+                              "shape": [1]}, b"\0" * 4)
+        assert "not in its group" in wire.recv_message(s)[0]["error"]
+        wire.send_message(s, {"id": 2, "op": "send", "group": [0, 1], "peer": 0, "dtype": "float32",
+                              "shape": [1]}, b"\0" * 4)
+        assert "itself" in wire.recv_message(s)[0]["error"]
+        wire.send_message(s, {"id": 3, "op": "recv", "group": [0, 1], "peer": "x", "nbytes": 4})
+        assert "malformed" in wire.recv_message(s)[0]["error"]
     finally:
         r.stop()
     assert traffic.calls == []
@@ -338,3 +347,104 @@ def test_fsdp2_runs_on_the_relay_one_all_gather_per_unit():
     cuts = [i for i, c in enumerate(calls) if c.op == "barrier"]
     step = [c.op for c in calls[cuts[0] + 1:cuts[1]]]
     assert step.count("allgather") >= 2 and step.count("reduce_scatter") == 2, step  # two units: the root, model[0]
+
+
+# ------------------------------------------------------------------------------------------------ the arithmetic,
+# on bytes: what the relay answers each member of a collective, with no socket and no rank
+def _f32(*xs) -> bytes:
+    return struct.pack(f"={len(xs)}f", *xs)
+
+
+def _i64(*xs) -> bytes:
+    return struct.pack(f"={len(xs)}q", *xs)
+
+
+def _ins(op, group, payloads, **fields):
+    """{global rank: (header, payload)} as the ranks of ``group`` send them, each with the same fields."""
+    dtype = fields.pop("dtype", "float32")
+    size = 8 if dtype == "int64" else 4
+    return {g: ({"op": op, "seq": 1, "dtype": dtype, "shape": [len(p) // size], **fields}, p)
+            for g, p in zip(group, payloads)}
+
+
+@pytest.mark.parametrize("how, want", [("SUM", (9.0, 12.0)), ("AVG", (3.0, 4.0)), ("PRODUCT", (15.0, 48.0)),
+                                       ("MAX", (5.0, 6.0)), ("MIN", (1.0, 2.0))])
+def test_all_reduce_gives_every_member_the_reduction(how, want):
+    group = (0, 1, 2)
+    out = collectives.combine(group, _ins("allreduce", group, [_f32(1, 2), _f32(3, 4), _f32(5, 6)], reduce=how))
+    assert out == {g: _f32(*want) for g in group}
+
+
+def test_an_integer_average_is_floored_and_keeps_its_dtype():
+    group = (0, 1)
+    out = collectives.combine(group, _ins("allreduce", group, [_i64(1, -3), _i64(2, 0)], reduce="AVG", dtype="int64"))
+    assert out == {0: _i64(1, -2), 1: _i64(1, -2)}
+
+
+def test_a_rooted_collective_names_its_root_by_group_position_and_answers_it_alone():
+    group = (2, 5)  # a subgroup: root 1 is global rank 5
+    out = collectives.combine(group, _ins("reduce", group, [_f32(1), _f32(2)], reduce="SUM", root=1))
+    assert out == {2: b"", 5: _f32(3)}
+    out = collectives.combine(group, _ins("broadcast", group, [_f32(7), _f32(8)], root=1))
+    assert out == {2: _f32(8), 5: _f32(8)}
+    out = collectives.combine(group, _ins("gather", group, [_f32(7), _f32(8)], root=0))
+    assert out == {2: _f32(7, 8), 5: b""}
+
+
+def test_gathers_and_scatters_go_in_group_order():
+    group = (3, 1, 0)  # group order, not rank order
+    ins = _ins("allgather", group, [_f32(30), _f32(10), _f32(0)])
+    assert collectives.combine(group, dict(reversed(ins.items()))) == {g: _f32(30, 10, 0) for g in group}
+    ins = _ins("reduce_scatter", group, [_f32(1, 2, 3), _f32(10, 20, 30), _f32(100, 200, 300)], reduce="SUM")
+    assert collectives.combine(group, ins) == {3: _f32(111), 1: _f32(222), 0: _f32(333)}
+    ins = _ins("scatter", group, [b"", _f32(4, 5, 6), b""], root=1)
+    assert collectives.combine(group, ins) == {3: _f32(4), 1: _f32(5), 0: _f32(6)}
+
+
+def test_all_to_all_sends_each_member_its_chunk_of_every_input_uneven_splits_included():
+    group = (0, 1)
+    ins = {0: ({"op": "alltoall", "seq": 1, "splits": [4, 8]}, _f32(1, 2, 3)),
+           1: ({"op": "alltoall", "seq": 1, "splits": [8, 4]}, _f32(4, 5, 6))}
+    assert collectives.combine(group, ins) == {0: _f32(1, 4, 5), 1: _f32(2, 3, 6)}
+
+
+def test_a_barrier_answers_every_member_with_nothing():
+    assert collectives.combine((0, 1), {0: ({"op": "barrier"}, b""), 1: ({"op": "barrier"}, b"")}) == {0: b"", 1: b""}
+
+
+def test_members_that_disagree_are_named():
+    group = (0, 1)
+    ins = _ins("allreduce", group, [_f32(1), _f32(1)])
+    ins[1] = ({**ins[1][0], "op": "broadcast"}, ins[1][1])
+    with pytest.raises(RelayError, match="mismatched collectives.*rank 0 in allreduce, rank 1 in broadcast"):
+        collectives.combine(group, ins)
+    with pytest.raises(RelayError, match=r"needs the same tensor on every rank.*rank 0: float32 \(1,\), "
+                                         r"rank 1: float32 \(2,\)"):
+        collectives.combine(group, _ins("allreduce", group, [_f32(1), _f32(1, 2)]))
+    with pytest.raises(RelayError, match="reduce op BAND is not supported"):
+        collectives.combine(group, _ins("allreduce", group, [_f32(1), _f32(1)], reduce="BAND"))
+
+
+def test_bytes_that_do_not_hold_the_declared_tensor_are_refused():
+    with pytest.raises(RelayError, match="5 bytes do not hold a float32 tensor of shape"):
+        collectives.tensor(b"\0" * 5, "float32", [1])
+    with pytest.raises(RelayError, match="dtype object"):
+        collectives.tensor(b"", "object", [0])
+    t = torch.arange(6, dtype=torch.int16).reshape(2, 3)
+    assert torch.equal(collectives.tensor(collectives.tensor_bytes(t.t()), "int16", [3, 2]), t.t())
+
+
+def test_a_frame_becomes_a_checked_call():
+    head = {"op": "broadcast", "group": [4, 6], "root": 1, "dtype": "float32", "shape": [2], "seq": 3}
+    call = collectives.describe(4, head, _f32(1, 2), keep_data=True)
+    assert (call.rank, call.op, call.group, call.peer, call.nbytes, call.shape, call.data) == \
+        (4, "broadcast", (4, 6), 6, 8, (2,), _f32(1, 2))
+    recv = collectives.describe(4, {"op": "recv", "group": [4, 6], "peer": 6, "nbytes": 8}, b"", keep_data=True)
+    assert recv.nbytes == 8 and recv.data == b""
+    for head, said in [({"op": "pickle"}, "unknown relay call"),
+                       ({"op": "barrier", "group": [1, 2]}, "a group it is not in"),
+                       ({"op": "send", "group": [4, 6], "peer": 5}, "not in its group"),
+                       ({"op": "send", "group": [4, 6], "peer": 4}, "itself as the peer"),
+                       ({"op": "recv", "group": [4, 6], "peer": "x"}, "malformed")]:
+        with pytest.raises(RelayError, match=said):
+            collectives.describe(4, head, b"")

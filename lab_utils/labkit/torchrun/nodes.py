@@ -1,45 +1,10 @@
-"""Start N torchrun agents on this machine as if they were N nodes, stream their output, leave nothing behind.
-
-    result = run_nodes("train.py", "--steps", "8", nnodes=2, nproc_per_node=1, rdzv="c10d", timeout=60)
-
-Each "node" is a real ``torchrun`` agent (``python -m torch.distributed.run``) on 127.0.0.1, started exactly
-as you would start one per machine (``agent_command`` returns that command line, for a slide or a terminal).
-What this module adds around torchrun, and why:
-- Output of every agent and its workers streams into the cell as ``[node i] ...``, printed from the calling
-  thread (ipykernel routes output from background threads unreliably).
-- Nothing survives. torchrun starts each worker in its *own session*, so killing an agent's process group
-  does not reach its workers, and a worker of a timed-out cell keeps running (ARCHITECTURE.md §7). Every
-  agent gets a marker ``DTLABS_RUN_ID`` in its environment, which its workers inherit; on success, error,
-  timeout or ``KeyboardInterrupt`` we SIGKILL each agent's process group, every descendant we saw, and every
-  process of ours that carries the marker (found with psutil). Agents also get ``PR_SET_PDEATHSIG=SIGTERM``
-  (Linux) so a dying kernel takes them along, and torchrun stops its workers on SIGTERM.
-- Restarts work with gloo: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each restart attempt a fresh store;
-  with the agent's shared store, restarted gloo workers can read stale peer addresses and hang for the
-  30-minute default (pytorch#135712).
-- No agent's exit strands another. The agent that hosts the rendezvous store must outlive every agent that
-  still talks to it (the exit barrier, the rendezvous shutdown); on a loaded machine a host that finishes
-  first fails the other agent with "Failed to recv ... Did the remote server shutdown or crash?". So with
-  c10d this process hosts the rendezvous store itself (a ``TCPStore`` on port 0, alive until every agent is
-  gone) and every agent joins it without hosting (``--rdzv-conf=is_host=false``). A static rendezvous always
-  has node 0 host the store, so node 0's agent waits, after torchrun is done, until this process has seen every
-  other agent exit (``DTLABS_AGENT_STORE``: where it asks; capped at ``HOST_WAIT_S``).
-- Elastic runs (Lab 09): ``min_nodes`` makes the agents' ``--nnodes=MIN:MAX``, and ``events`` lets the job's own
-  output drive membership, as a cluster would: a line containing a marker mapped to ``"leave"`` kills the node that
-  printed it (its agent and workers at once, like a machine that fails), one mapped to ``"join"`` starts one more
-  agent. The job decides *when* (a worker prints the marker at a chosen step and waits), so where a node leaves or
-  joins is deterministic however loaded the machine is; each marker fires once. A node that left is expected to
-  have exited non-zero: it neither fails the run nor stops the others.
-- Ports: c10d's store listens on a port the OS hands out while it binds, so nobody can take it first. The static
-  master port is picked free on 127.0.0.1; if another process takes it first, the whole run is retried on a new
-  port. torch reports that (EADDRINUSE) only after a minute of retries, so the harness also looks, once a second
-  until node 0 listens, for another process listening on the port.
-"""
+"""``run_nodes``: N torchrun agents on loopback, their output streamed, ports retried, events fired (see the
+package docstring)."""
 from __future__ import annotations
 
 import inspect
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -49,16 +14,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from lab_utils import processes
-
-__all__ = ["run_nodes", "agent_command", "write_script", "processes_of", "TorchrunResult", "TorchrunError",
-           "TorchrunTimeout"]
+from lab_utils.labkit.torchrun.reaping import MARKER, kill_node, port_owners, reap, remember_children
 
 HOST = "127.0.0.1"
-MARKER = "DTLABS_RUN_ID"
-PORT_RETRIES = 3
-HOST_WAIT_S = 60.0  # how long a static run's node 0 waits for the other agents to exit
 AGENT_STORE = "DTLABS_AGENT_STORE"  # host:port:n of the run's store, for the agent that must wait for n others
 EXITED_KEY = "dtlabs_agents_exited"
+PORT_RETRIES = 3
 # once an agent has given up (exit code != 0), the job has failed: the others get this long to finish their output,
 # then they are stopped (they would wait at torchrun's exit barrier or in a rendezvous for minutes)
 FAILED_GRACE_S = 10.0
@@ -159,11 +120,6 @@ def write_script(path, *functions, main: str, header: str = "") -> str:
     return str(path)
 
 
-def processes_of(run_id: str) -> list:
-    """Live processes that carry ``DTLABS_RUN_ID=run_id`` (agents and workers of one run)."""
-    return processes.with_token(run_id, MARKER)
-
-
 def _agent_env(run_id, nranks, env):
     from lab_utils.launcher.backend import loopback_ifname, threads_per_rank
 
@@ -180,43 +136,6 @@ def _agent_env(run_id, nranks, env):
         out.setdefault("GLOO_SOCKET_IFNAME", ifname)
     out.update({k: str(v) for k, v in (env or {}).items()})
     return out
-
-
-def _reap(procs, seen, run_id) -> int:
-    """SIGKILL every agent's process group, every descendant seen, every process with our marker."""
-    import psutil
-
-    victims = {p.pid: p for p in seen}
-    for proc in procs:
-        try:
-            for child in processes.descendants(proc.pid):
-                victims.setdefault(child.pid, child)
-        except psutil.Error:
-            pass
-    for p in processes_of(run_id):
-        victims.setdefault(p.pid, p)
-    for proc in procs:
-        if proc.poll() is None:  # once reaped, its pid (= its group id) may belong to someone else
-            processes.killpg_quiet(proc.pid)
-    for p in victims.values():
-        if p.is_running():  # psutil compares creation times: a reused pid is not ours
-            processes.kill_leader(p)  # torchrun's workers lead their own session
-    for proc in procs:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-    # an agent may have started a worker (in its own session) after the scan above and before it was killed:
-    # with every agent dead nothing new can start, so the marker finds the last of them
-    for _ in range(3):
-        late = [p for p in processes_of(run_id) if p.pid not in victims]
-        if not late:
-            break
-        for p in late:
-            victims[p.pid] = p
-            processes.kill_leader(p)
-    _, alive = psutil.wait_procs(list(victims.values()), timeout=5)
-    return len([v for v in victims.values() if v not in alive])
 
 
 def _run_store():
@@ -258,7 +177,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
             node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
         # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
-        shim = [sys.executable, "-m", "lab_utils.labkit.torchrun", "--agent", str(os.getpid()), *cmd[3:]]
+        shim = [sys.executable, "-m", "lab_utils.labkit.torchrun.agent", str(os.getpid()), *cmd[3:]]
         proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
         procs.append(proc)
@@ -294,10 +213,10 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                     "A worker that waits for a peer which never comes (a rank that died outside a restartable "
                     "failure, a missed collective, a node that never joined) looks exactly like this.", result)
             if time.monotonic() > next_scan:  # a scan reads /proc: not too often
-                _remember_children(procs, seen)
+                remember_children(procs, seen)
                 next_scan = time.monotonic() + 1.0
                 if rdzv == "static" and not port_ok:  # torch notices a taken port only after a minute of retries
-                    owners, strangers = _port_owners(port, procs, seen, run_id)
+                    owners, strangers = port_owners(port, procs, seen, run_id)
                     if strangers:
                         lines.append((0, f"port {port} is taken by another process (pid {sorted(map(str, strangers))})"))
                         clash = True
@@ -321,8 +240,8 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                 seconds = round(time.monotonic() - start, 2)
                 if action == "leave":  # the node fails as a machine does: agent and workers gone at once
                     left.add(node)
-                    _remember_children(procs, seen)
-                    _kill_node(procs[node])
+                    remember_children(procs, seen)
+                    kill_node(procs[node])
                     fired.append((seconds, marker, "leave", node))
                     msg = f"node {node} left the job (its agent and workers were killed)"
                 else:
@@ -336,67 +255,11 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         return TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id, commands,
                               sorted(left), fired), clash
     finally:
-        _reap(procs, seen, run_id)
+        reap(procs, seen, run_id)
         for proc in procs:
             if proc.stdout:
                 proc.stdout.close()
         store = None  # closed only now (its last reference): every agent is gone
-
-
-def _kill_node(proc) -> None:
-    """SIGKILL one agent and its workers (each in its own session) now: a node that fails."""
-    import psutil
-
-    try:
-        victims = processes.descendants(proc.pid)
-    except psutil.Error:
-        victims = []
-    processes.killpg_quiet(proc.pid)
-    for p in victims:
-        processes.kill_leader(p)
-
-
-def _listeners(port: int) -> set:
-    """Pids listening on ``port`` on this machine (None for a process this user may not see)."""
-    import psutil
-
-    try:
-        return {c.pid for c in psutil.net_connections(kind="tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
-    except psutil.Error:
-        return set()
-
-
-def _port_owners(port, procs, seen, run_id) -> tuple:
-    """Who listens on the run's port: (every owner, those not of this run). psutil maps a socket to its process
-    from a scan of /proc/*/fd taken *before* it reads the socket table, so a socket our agent opened during the
-    scan comes back with pid None: an owner nobody can name is looked at once more before it counts as a stranger
-    (still None then: a process this user may not see). A process carrying the run's marker is ours even when
-    no scan of ``procs``' children has caught it yet."""
-    for _ in range(2):  # a second look only while the one stranger is nameless
-        owners = _listeners(port)
-        ours = {p.pid for p in procs} | {p.pid for p in seen}
-        if owners - ours:
-            ours |= {p.pid for p in processes_of(run_id)}
-        strangers = owners - ours
-        if strangers != {None}:
-            break
-    return owners, strangers
-
-
-def _remember_children(procs, seen):
-    """Note workers while their agent lives: once an agent is killed, its workers are orphans."""
-    import psutil
-
-    known = {p.pid for p in seen}
-    for proc in procs:
-        try:
-            for child in processes.descendants(proc.pid):
-                if child.pid not in known:
-                    seen.append(child)
-                    known.add(child.pid)
-        except psutil.Error:
-            pass
 
 
 def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", max_restarts=0, timeout=60,
@@ -449,37 +312,3 @@ def first_failure(lines, context: int = 40) -> str:
     else:
         picked = [(n, t) for n, t in lines[start:] if n == lines[start][0]][:context]
     return "\n".join(f"[node {n}] {t}" for n, t in picked) or "(the agents printed nothing)"
-
-
-def _agent_main(argv):
-    """``python -m lab_utils.labkit.torchrun --agent PARENT_PID <torchrun args>``: torchrun that dies with its parent."""
-    processes.die_with_parent(int(argv[0]), signal.SIGTERM)  # torchrun stops its workers on SIGTERM
-    import runpy
-
-    sys.argv = ["torchrun", *argv[1:]]
-    try:
-        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
-    finally:
-        _wait_for_other_agents(os.environ.get(AGENT_STORE))
-
-
-def _wait_for_other_agents(spec):
-    """The agent hosting a static run's store: stay until the harness has seen the other agents exit."""
-    if not spec:
-        return
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    host, port, others = spec.rsplit(":", 2)
-    deadline = time.monotonic() + HOST_WAIT_S
-    try:
-        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=3))
-        while store.add(EXITED_KEY, 0) < int(others) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    except Exception:  # the harness is gone (it reaps us anyway) or a store error: nothing left to wait for
-        pass
-
-
-if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--agent":
-    _agent_main(sys.argv[2:])
