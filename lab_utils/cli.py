@@ -26,6 +26,20 @@ COURSE_ROOT_HELP = ("the course folder (solutions/, labs/, grader/); default: th
                     "directory")
 
 
+def _course_settings(course, **flags):
+    """The command's one settings object: ``course``'s config, then the environment, then ``flags`` (None: not
+    given). Every function below it takes this object, never a setting of its own."""
+    from lab_utils.grading.nbgrader_run import course_settings
+
+    return course_settings(course, **flags)
+
+
+def _course(args):
+    from lab_utils.grading import find_course_root
+
+    return find_course_root(args.course_root)
+
+
 def _doctor(args) -> int:
     from lab_utils.launcher.doctor import doctor
 
@@ -34,16 +48,15 @@ def _doctor(args) -> int:
         return code
     from lab_utils.grading import canary
 
-    return max(code, canary.doctor(args.grading or None, course_root=args.course_root, cell_timeout=args.timeout,
-                                   fix=args.fix))
+    course = _course(args)
+    dt = _course_settings(course, cell_timeout=args.timeout)
+    return max(code, 0 if canary.doctor(args.grading or None, course_root=course, settings=dt, fix=args.fix) else 1)
 
 
 def _settings(args) -> int:
     from lab_utils import settings
-    from lab_utils.grading import find_course_root, load_config
 
-    course = find_course_root(args.course_root) if args.course_root else None
-    print(settings.describe(settings.load(load_config(course))))
+    print(settings.describe(_course_settings(_course(args) if args.course_root else None)))
     return 0
 
 
@@ -63,34 +76,34 @@ def _release(args) -> int:
 
 
 def _validate(args) -> int:
-    from lab_utils import grading
+    from lab_utils.grading.validate import course_of, validate
 
-    return grading.validate(args.notebook, cell_timeout=args.timeout)
+    return validate(args.notebook, settings=_course_settings(course_of(args.notebook), cell_timeout=args.timeout))
 
 
 UNPROTECTED_HELP = ("grade where no boundary can be built (no bubblewrap, not root): submissions then run as you, "
                     "and every grade says it was taken without a boundary")
 
 
-def _unprotected(args) -> None:
-    """``--unprotected``: the instructor's choice by name, for this command and every process it starts."""
-    if getattr(args, "unprotected", False):
-        os.environ["DTLABS_SANDBOX"] = "unprotected"
+def _grading_settings(args, course):
+    """A grading command's settings: its flags (``--timeout``, ``--submission-timeout``, ``--unprotected``: the
+    instructor's choice by name) over the course's config and the environment."""
+    return _course_settings(course, cell_timeout=args.timeout, submission_timeout=args.submission_timeout,
+                            sandbox="unprotected" if args.unprotected else None)
 
 
 def _grade(args) -> int:
     from lab_utils import grading
 
-    _unprotected(args)
+    course = _course(args)
     return grading.grade(
         args.labs or None,
+        settings=_grading_settings(args, course),
         submissions_dir=args.submissions,
-        cell_timeout=args.timeout,
-        submission_timeout=args.submission_timeout,
         force=args.force,
         feedback=not args.no_feedback,
         csv_path=args.csv,
-        course_root=args.course_root,
+        course_root=course,
         jobs=args.jobs,
         timestamps=args.timestamps,
     )
@@ -102,8 +115,9 @@ def _prepare_array(args) -> int:
     from lab_utils.grading import jobarray
 
     try:
-        roster = jobarray.prepare(grading.find_course_root(args.course_root), args.lab, args.out,
-                                  students=args.students or None, out=lambda line: print(line, file=sys.stderr))
+        course = _course(args)
+        roster = jobarray.prepare(course, args.lab, args.out, students=args.students or None,
+                                  settings=_course_settings(course), out=lambda line: print(line, file=sys.stderr))
     except grading.GradingError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -116,14 +130,13 @@ def _grade_one(args) -> int:
     from lab_utils import grading
     from lab_utils.grading import jobarray
 
-    _unprotected(args)
     if (args.student is None) == (args.task is None):
         print("grade-one: give a STUDENT or --task N (line N of the roster), not both", file=sys.stderr)
         return 2
     try:
-        return jobarray.grade_one(grading.find_course_root(args.course_root), args.lab, args.out,
-                                  student=args.student, task=args.task, cell_timeout=args.timeout,
-                                  submission_timeout=args.submission_timeout)
+        course = _course(args)
+        return jobarray.grade_one(course, args.lab, args.out, student=args.student, task=args.task,
+                                  settings=_grading_settings(args, course))
     except grading.GradingError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -131,17 +144,18 @@ def _grade_one(args) -> int:
 
 def _merge(args) -> int:
     """Every ``grade-one`` result under the folders given, merged into the course's gradebook."""
-    from lab_utils import grading
     from lab_utils.grading import jobarray
 
-    course = grading.find_course_root(args.course_root)
-    return max(jobarray.merge(course, folder, labs=args.lab or None) for folder in args.results)
+    course = _course(args)
+    dt = _course_settings(course)
+    return max(jobarray.merge(course, folder, labs=args.lab or None, settings=dt) for folder in args.results)
 
 
 def _export_gradescope(args) -> int:
     from lab_utils.grading.export import gradescope
 
-    gradescope.build(args.lab, args.out, course_root=args.course_root, wheel=args.wheel)
+    course = _course(args)
+    gradescope.build(args.lab, args.out, course_root=course, settings=_course_settings(course), wheel=args.wheel)
     return 0
 
 

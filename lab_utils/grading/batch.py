@@ -32,7 +32,7 @@ from lab_utils.grading import canary, gradebook, outcomes
 from lab_utils.grading.boundary import ids, sandbox
 from lab_utils.grading.course import WORK, discover_labs, find_course_root
 from lab_utils.grading.boundary.guard import Guard, GuardError, startup_watch
-from lab_utils.grading.nbgrader_run import load_config, run_nbgrader
+from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
 from lab_utils.grading.boundary.files import copy_submission
 from lab_utils.grading.submission import Result, grade_submission
 
@@ -229,22 +229,22 @@ class _Batch:
         return left
 
 
-def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=None, lab_timeout=None,
-          submission_timeout=None, force=False, feedback=True, csv_path=None, jobs=1, out=print,
-          progress=True, timestamps=None) -> int:
+def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, force=False, feedback=True,
+          csv_path=None, jobs=1, out=print, progress=True, timestamps=None) -> int:
     """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden
-    tests). ``timestamps``: the instructor's submission times for ``submissions_dir`` (``read_timestamps``).
+    tests), under the command's ``settings`` (default: the course's). ``timestamps``: the instructor's submission
+    times for ``submissions_dir`` (``read_timestamps``).
 
     Returns 0 when every submission was graded, 1 when some could not be (listed with the reason; the rest are
     graded and exported regardless), 2 when the course cannot be graded here (nothing submitted, a lab with no
     source, a canary that failed: then nothing is graded or written to the gradebook).
     """
-    from lab_utils import settings
     from lab_utils.grading.export.late import due_date
 
     course_root = find_course_root(course_root)
     submitted = course_root / WORK / "submitted"
-    config = load_config(course_root)
+    if settings is None:
+        settings = course_settings(course_root)
     times, refused = None, []
     if timestamps is not None:
         if not submissions_dir:
@@ -281,13 +281,13 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     labs = [lab for lab in labs if lab in known]
     if not labs:
         return 2
-    if submissions_dir and times is None and any(due_date(config, lab) for lab in labs):
+    if submissions_dir and times is None and any(due_date(settings, lab) for lab in labs):
         out("WARNING: a lab has a due date (c.DTLabs.due_dates), but no submission time came with --submissions: "
             "no late penalty is charged (give the times with --timestamps FILE)")
     try:
-        # the environment's setting (a course config's choice applies in its grader kernels); as a separate user,
-        # checked as that user: the course's answers and gradebooks unreadable, the venv and package unwritable
-        sandbox.require(None, course_root=course_root)
+        # as a separate user, checked as that user: the course's answers and gradebooks unreadable, the venv and
+        # package unwritable
+        sandbox.require(settings.sandbox, course_root=course_root, user=settings.subject_user)
     except sandbox.SandboxUnavailable as exc:
         out(f"cannot grade: {exc}")
         return 2
@@ -309,15 +309,14 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         skipped = len(found.get(lab, [])) - len(fresh[lab])
         out(f"== {lab}: {len(found.get(lab, []))} submission(s), {len(fresh[lab])} to grade" + (
             f" ({skipped} unchanged since last graded; --force regrades them)" if skipped else ""))
-    per_submission = submission_timeout or lab_timeout or settings.load(config).submission_timeout
     for lab in (lab for lab in labs if fresh[lab]):  # before anything is written to the gradebook
-        verdict = canary.check(course_root, lab, cell_timeout=cell_timeout, timeout=per_submission, out=out)
+        verdict = canary.check(course_root, lab, settings=settings, out=out)
         if not verdict.ok:
             out("REFUSED: " + verdict.explain())
             return 2
     scratch_dirs, todo = [], []
     for lab in labs:
-        failed = record_lab(course_root, lab, force=force)
+        failed = record_lab(course_root, lab, force=force, settings=settings)
         if failed:
             out(failed)
             return 2
@@ -352,14 +351,13 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     try:
         retried = set()
         while todo:
-            todo = batch.run(todo, jobs, cell_timeout=cell_timeout, timeout=per_submission)
+            todo = batch.run(todo, jobs, settings=settings)
             if not todo:
                 break
             lab, student = todo[0][:2]
             out(f"   the sandbox failed for {student}/{lab} for a reason that is not the student's: checking the "
                 "machine again before grading anyone else")
-            verdict = canary.check(course_root, lab, cell_timeout=cell_timeout, timeout=per_submission, force=True,
-                                   out=out)
+            verdict = canary.check(course_root, lab, settings=settings, force=True, out=out)
             if not verdict.ok or (lab, student) in retried:
                 why = verdict.explain() if not verdict.ok else "its sandbox failed twice on a machine that grades"
                 for lab_, student_, *_ in todo:
@@ -382,11 +380,13 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         return 2
 
     csv_path = Path(csv_path) if csv_path else course_root / WORK / "grades.csv"
-    run = run_nbgrader(["export", f"--to={csv_path.resolve()}"], course_root=course_root, timeout=300)
+    run = run_nbgrader(["export", f"--to={csv_path.resolve()}"], course_root=course_root, settings=settings,
+                       timeout=300)
     out(f"grades: {csv_path}" if run.returncode == 0 else f"export failed:\n{run.output[-3000:]}")
     if feedback:
         for lab in labs:
-            run = run_nbgrader(["generate_feedback", lab, "--force"], course_root=course_root, timeout=600)
+            run = run_nbgrader(["generate_feedback", lab, "--force"], course_root=course_root, settings=settings,
+                               timeout=600)
             if run.returncode != 0:
                 out(f"   feedback for {lab} incomplete:\n{run.output[-2000:]}")
         out(f"feedback: {course_root / WORK / 'feedback'}")
@@ -398,14 +398,14 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     return 2 if unknown else 0
 
 
-def record_lab(course_root: Path, lab: str, *, force: bool = False) -> str:
+def record_lab(course_root: Path, lab: str, *, force: bool = False, settings=None) -> str:
     """Make the course's gradebook hold ``lab`` as its source is now (``generate_assignment`` into a scratch release
     folder, so ``labs/`` is untouched); '' when it does, else what went wrong. nbgrader creates a missing gradebook
     in its own process, whose PATH has the venv's ``alembic`` (an in-process ``Gradebook`` would not, in a job)."""
     if not force and gradebook.holds_current(course_root, lab):
         return ""
     run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
-                       course_root=course_root, timeout=300)
+                       course_root=course_root, settings=settings, timeout=300)
     if run.returncode != 0:
         return f"{run.output[-3000:]}\ncould not record {lab} in the gradebook (see above)"
     gradebook.note_recorded(course_root, [lab])
@@ -424,9 +424,12 @@ def _fresh(course_root: Path, lab: str, students, manifest: dict) -> list:
 
 
 def autograde(lab: str, *, course_root=None, cell_timeout=None, timeout=None, force=True, echo=False):
-    """One ``nbgrader autograde LAB`` over every submission of a course (tests: many "students" in one run).
+    """One ``nbgrader autograde LAB`` over every submission of a course (tests: many "students" in one run), with
+    the course's settings and ``cell_timeout`` when given.
 
     Each submission still runs in its own sandbox (one subject per kernel); only the gradebook is shared, so use
     ``grade`` for real classes."""
     args = ["autograde", lab] + (["--force"] if force else [])
-    return run_nbgrader(args, course_root=course_root, cell_timeout=cell_timeout, timeout=timeout, echo=echo)
+    root = find_course_root(course_root)
+    return run_nbgrader(args, course_root=root, settings=course_settings(root, cell_timeout=cell_timeout),
+                        timeout=timeout, echo=echo)

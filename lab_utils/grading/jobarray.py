@@ -34,12 +34,11 @@ import sys
 import time
 from pathlib import Path
 
-from lab_utils import settings
 from lab_utils.grading import canary, gradebook, outcomes
 from lab_utils.grading.boundary import ids, sandbox
 from lab_utils.grading.batch import MANIFEST, record_lab, submission_digest
 from lab_utils.grading.course import WORK, GradingError, discover_labs, submissions
-from lab_utils.grading.nbgrader_run import load_config
+from lab_utils.grading.nbgrader_run import course_settings
 from lab_utils.grading.submission import grade_submission, prepare_template
 
 ROSTER = "roster.txt"
@@ -85,7 +84,7 @@ def expected_students(course_root: Path, results: Path, lab: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ prepare (login node)
-def prepare(course_root: Path, lab: str, results: Path, students=None, out=print) -> list[str]:
+def prepare(course_root: Path, lab: str, results: Path, students=None, settings=None, out=print) -> list[str]:
     """Record ``lab`` in the course's gradebook, snapshot it as every task's template, write the roster.
 
     ``students`` defaults to everyone with a submission of ``lab``. A named student whose id breaks the rule is NOT
@@ -111,7 +110,7 @@ def prepare(course_root: Path, lab: str, results: Path, students=None, out=print
     if not roster:
         raise GradingError(f"nothing to grade: no submission of {lab} under {course_root / WORK / 'submitted'}" +
                            (" from the students named" if students else ""))
-    failed = record_lab(course_root, lab)
+    failed = record_lab(course_root, lab, settings=settings)
     if failed:
         raise GradingError(failed)
     labdir = results / lab
@@ -138,14 +137,15 @@ def _task_record() -> dict:
 
 
 def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None = None, task: int | None = None,
-              cell_timeout=None, submission_timeout=None, out=print) -> int:
-    """Grade one submission into ``RESULTS/<lab>/<student>/`` (the student, or roster line ``task``).
+              settings=None, out=print) -> int:
+    """Grade one submission into ``RESULTS/<lab>/<student>/`` (the student, or roster line ``task``), under the
+    command's ``settings`` (default: the course's).
 
     Exit code: 0 graded, 1 not graded (the reason is in result.json and printed), 2 bad arguments (an id that breaks
-    the rule among them). ``submission_timeout`` defaults to ``c.DTLabs.submission_timeout``."""
+    the rule among them)."""
     course_root, results = Path(course_root).resolve(), Path(results).resolve()
-    if submission_timeout is None:
-        submission_timeout = settings.load(load_config(course_root)).submission_timeout
+    if settings is None:
+        settings = course_settings(course_root)
     labdir = results / lab
     if student is None:
         roster = read_roster(results, lab)
@@ -168,7 +168,8 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     _write_json(sdir / TASK, record)
     reasons = []
     try:
-        sandbox.require(None, course_root=course_root)  # no boundary on this node: it grades no one
+        # no boundary on this node: it grades no one
+        sandbox.require(settings.sandbox, course_root=course_root, user=settings.subject_user)
     except sandbox.SandboxUnavailable as exc:
         reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {exc}")
     if not reasons and sandbox.mode() == "unprotected":
@@ -176,14 +177,13 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     if not any(sandbox.ENVIRONMENT in r for r in reasons):
         # as `dtlabs grade` does: this node grades no one until the lab's solution and release grade right here
         # (the first task of a user on a node grades them; the others read its verdict)
-        verdict = canary.check(course_root, lab, cell_timeout=cell_timeout,
-                               timeout=submission_timeout, out=out)
+        verdict = canary.check(course_root, lab, settings=settings, out=out)
         if not verdict.ok:
             reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {verdict.explain()}")
     result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": reasons, **record}
     if not any(sandbox.ENVIRONMENT in r for r in reasons):
         try:
-            result.update(_grade(course_root, lab, student, labdir, sdir, cell_timeout, submission_timeout, out))
+            result.update(_grade(course_root, lab, student, labdir, sdir, settings, out))
             result["reasons"] = reasons + result["reasons"]
         except Exception as exc:  # noqa: BLE001 - the reason goes into the result and the log, never a silent zero
             result["reasons"] = reasons + [f"grading failed: {type(exc).__name__}: {exc}"]
@@ -195,8 +195,7 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     return 0 if result["graded"] else 1
 
 
-def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, cell_timeout, submission_timeout,
-           out) -> dict:
+def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, settings, out) -> dict:
     """The grading itself, with the template prepared once (or this task's own when there is none or it is stale)."""
     scanned = ids.scan(course_root / WORK / "submitted")  # the door dtlabs grade and prepare use
     if student not in scanned.found.get(lab, []):
@@ -206,10 +205,9 @@ def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, 
     stamp = template / "source.sha256"
     if not (stamp.is_file() and stamp.read_text() == gradebook.source_digest(course_root, lab)):
         out(f"{lab}: no current template under {template} (dtlabs prepare-array); building a private one")
-        template = prepare_template(course_root, lab, sdir / "template")
+        template = prepare_template(course_root, lab, sdir / "template", settings=settings)
     digest = submission_digest(course_root, lab, student)
-    res = grade_submission(course_root, lab, student, template, cell_timeout=cell_timeout,
-                           timeout=submission_timeout, scratch=sdir / "scratch")
+    res = grade_submission(course_root, lab, student, template, settings=settings, scratch=sdir / "scratch")
     # the machine's fault (its sandbox never started) is never a grade: NOT GRADED, with the reason
     return {"template": str(template), "digest": digest, "graded": res.graded and not res.environment,
             "points": list(res.points), "reasons": res.reasons, "seconds": round(res.seconds, 1)}
@@ -238,7 +236,7 @@ def missing_reason(results: Path, lab: str, student: str) -> str:
             "and never finished (cancelled, out of time, or its node was lost)" + _log_tail(Path(results), task.get("job")))
 
 
-def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
+def merge(course_root: Path, results: Path, labs=None, settings=None, out=print) -> int:
     """Every roster of ``results`` (or of ``labs``) merged into the course's gradebook.
 
     Exit code: 0 every student merged, 1 some NOT GRADED (each listed with the reason), 2 nothing to merge."""
@@ -256,7 +254,7 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
         if not roster:
             out(f"nothing to merge for {lab}: no roster under {results / lab} and no submission of it")
             return 2
-        failed = record_lab(course_root, lab)  # a gradebook that never recorded the lab gets it first
+        failed = record_lab(course_root, lab, settings=settings)  # a gradebook without the lab gets it first
         if failed:
             out(failed)
             return 2

@@ -19,13 +19,10 @@ from pathlib import Path
 from lab_utils.grading import gradebook
 from lab_utils.grading.boundary.files import SubmissionError, copy_submission, regular_notebook
 from lab_utils.grading.course import WORK, cell_meta, split_hidden
-from lab_utils.grading.nbgrader_run import load_config, run_nbgrader
+from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
 from lab_utils.grading.boundary.sandbox import ENVIRONMENT
 
 # ------------------------------------------------------------------------------------------ grading one
-DEFAULT_SUBMISSION_TIMEOUT_S = 1800.0
-
-
 @dataclass
 class Result:
     """One submission's grading run, before it is merged."""
@@ -57,12 +54,12 @@ class Result:
         return [r for r in self.reasons if ENVIRONMENT in r]
 
 
-def prepare_template(course_root: Path, lab: str, dest: Path) -> Path:
+def prepare_template(course_root: Path, lab: str, dest: Path, settings=None) -> Path:
     """A scratch course whose gradebook holds ``lab``'s cells (hidden tests included), for ``grade-one``, which must
     not write the course's gradebook (``grade`` snapshots the course's own instead)."""
     shutil.copytree(course_root / "solutions" / lab, dest / "solutions" / lab)
     run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
-                       course_root=dest, config_root=course_root, timeout=300)
+                       course_root=dest, config_root=course_root, settings=settings, timeout=300)
     if run.returncode != 0:
         raise RuntimeError(f"could not record {lab} in a gradebook:\n{run.output[-3000:]}")
     return dest
@@ -149,11 +146,14 @@ def _failed_cells(autograded_nb: Path) -> list[str]:
     return out
 
 
-def grade_submission(course_root: Path, lab: str, student: str, template: Path, *, cell_timeout=None,
-                     timeout: float | None = DEFAULT_SUBMISSION_TIMEOUT_S, scratch: Path | None = None,
-                     submission_dir: Path | None = None) -> Result:
+def grade_submission(course_root: Path, lab: str, student: str, template: Path, *, settings=None,
+                     scratch: Path | None = None, submission_dir: Path | None = None) -> Result:
     """Autograde one submission (``submission_dir``, by default the course's submitted/<student>/<lab>/) in a
-    private scratch course; its sandbox starts and ends inside this call."""
+    private scratch course, under the command's ``settings`` (default: the course's; ``submission_timeout`` is the
+    wall-clock limit); its sandbox starts and ends inside this call."""
+    if settings is None:
+        settings = course_settings(course_root)
+    timeout = settings.submission_timeout
     start = time.monotonic()
     scratch = Path(scratch or tempfile.mkdtemp(prefix=f"dtlabs-grade-{lab}-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -174,13 +174,13 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
     from lab_utils.grading.export.late import due_date
 
     # before it runs: the due date late.DueDates will set, from the course's config
-    expected = gradebook.expected_dates(template, lab, submitted, due_date(load_config(course_root), lab))
+    expected = gradebook.expected_dates(template, lab, submitted, due_date(settings, lab))
     # a notebook nbgrader cannot read never runs: nothing of it can change the gradebook (nbgrader records it without
     # its due-date step), so it gets nbgrader's reason and no tampering verdict. Read before it runs: run without a
     # sandbox, a submission could spoil its own copy afterwards.
     ran = _readable(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb")
     run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
-                       course_root=scratch, config_root=course_root, cell_timeout=cell_timeout, timeout=timeout)
+                       course_root=scratch, config_root=course_root, settings=settings, timeout=timeout)
     res.output = run.output
     forged = gradebook.schema_changes(scratch, made)  # before a score is read: a trigger may have written it
     if not forged:

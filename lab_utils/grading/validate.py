@@ -15,19 +15,24 @@ import uuid
 from pathlib import Path
 
 from lab_utils.grading.course import is_course
-from lab_utils.grading.nbgrader_run import load_config
-from lab_utils.grading.nbgrader_run import TOKEN_VAR, reap
+from lab_utils.grading.nbgrader_run import TOKEN_VAR, course_settings, load_config, reap
 
 
-def validate(notebook, *, cell_timeout=None, stream=None) -> int:
+def course_of(notebook) -> Path | None:
+    """The course a notebook lives in (a clone of the course), else None: the package's defaults apply (a notebook
+    fetched from an nbgrader exchange into a home folder)."""
+    return next((d for d in Path(notebook).resolve().parents if is_course(d)), None)
+
+
+def validate(notebook, *, settings=None, stream=None) -> int:
     """The student's pre-submission check: nbgrader's Validator, printed as nbgrader prints it, with an exit
-    code (0: every test passes and no locked cell changed; 1: not so; 2: cannot run)."""
+    code (0: every test passes and no locked cell changed; 1: not so; 2: cannot run), under the command's
+    ``settings`` (default: those of the notebook's course, ``course_of``)."""
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
     from traitlets import List
     from traitlets.config import Config
 
-    from lab_utils import settings
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.split.execute import SplitExecute, execution_config
 
@@ -35,11 +40,10 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     if not path.is_file():
         print(f"no such notebook: {path}", file=sys.stderr)
         return 2
-    # the course the notebook lives in (a clone of the course), else the package's defaults (a notebook fetched
-    # from an nbgrader exchange into a home folder)
-    course = next((d for d in path.resolve().parents if is_course(d)), None)
+    course = course_of(path)
+    dt = settings if settings is not None else course_settings(course)
     cfg = load_config(course)
-    dt = settings.load(cfg, cell_timeout=cell_timeout)
+    cfg.merge(Config({"DTLabs": {name: getattr(dt, name) for name in dt.given}}))  # the flags, for SplitExecute
     cfg.merge(execution_config(dt))
     if sandbox.mode(dt.sandbox) == "none":  # the student's own code on their own machine: no grade is at stake
         cfg.merge(Config({"DTLabs": {"sandbox": "unprotected"}}))

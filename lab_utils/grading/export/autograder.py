@@ -79,7 +79,7 @@ def _readable(notebook: Path) -> None:
                          "upload the .ipynb file your notebook server saved") from None
 
 
-def template(course: Path, lab: str) -> Path:
+def template(course: Path, lab: str, settings) -> Path:
     """The scratch course whose gradebook every submission of ``lab`` copies (``submission.prepare_template``), kept
     beside the canary's verdicts under the same digest of everything it depends on: setup.sh makes it while the
     image is built, and each submission saves an nbgrader run."""
@@ -87,12 +87,12 @@ def template(course: Path, lab: str) -> Path:
     from lab_utils.grading.course import WORK
     from lab_utils.grading.submission import prepare_template
 
-    kept = canary.cache_path().parent / "templates" / canary.environment_digest(course, lab, None)
+    kept = canary.cache_path(settings).parent / "templates" / canary.environment_digest(course, lab, settings)
     if (kept / WORK / "gradebook.db").is_file():
         return kept
     kept.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".template-", dir=kept.parent))
-    prepare_template(course, lab, fresh / "t")
+    prepare_template(course, lab, fresh / "t", settings=settings)
     try:
         os.replace(fresh / "t", kept)
     except OSError:  # another run kept one meanwhile: the same content
@@ -137,13 +137,11 @@ def _graded(manifest: dict, res, hidden: list[str]) -> dict:
     return {"score": res.points[0], "output": text, "stdout_visibility": "hidden", "tests": tests}
 
 
-def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
-    from lab_utils import settings
+def _grade(root: Path, manifest: dict, dt, out) -> tuple[dict, int]:
     from lab_utils.grading import canary
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.export import cells
     from lab_utils.grading.boundary.files import SubmissionError
-    from lab_utils.grading.nbgrader_run import load_config
     from lab_utils.grading.submission import grade_submission
 
     lab = manifest["lab"]
@@ -153,7 +151,6 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
         _readable(notebook)
     except ValueError as exc:
         return student_zero(manifest, str(exc)), 0
-    dt = settings.load(load_config(course))
     try:
         # as a separate user: the bundle (the lab's hidden tests) unreadable to it, the results folder unwritable
         sandbox.require(dt.sandbox, course_root=course, protect=[root / "source"], read_only=[root / "results"],
@@ -161,7 +158,7 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
     except sandbox.SandboxUnavailable as exc:
         return environment_error(manifest, str(exc)), 1
     out(f"sandbox: {sandbox.mode()}" + (f" ({sandbox.UNPROTECTED_WARNING})" if sandbox.mode() == "unprotected" else ""))
-    verdict = canary.check(course, lab, timeout=dt.submission_timeout, out=out)
+    verdict = canary.check(course, lab, settings=dt, out=out)
     out(f"canary: solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, release {verdict.release[0]:g}/"
         f"{verdict.release[1]:g}" + (" (kept verdict)" if verdict.cached else f" ({verdict.seconds:.0f} s)"))
     if not verdict.ok:
@@ -174,7 +171,7 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
             left_out = _stage(root / "submission", notebook, staged, lab)
         except (SubmissionError, OSError) as exc:
             return student_zero(manifest, f"the notebook {notebook.name} cannot be read as a file: {exc}"), 0
-        res = grade_submission(course, lab, STUDENT, template(course, lab), timeout=dt.submission_timeout,
+        res = grade_submission(course, lab, STUDENT, template(course, lab, dt), settings=dt,
                                scratch=scratch / "grade", submission_dir=staged)
         if left_out:
             res.reasons.insert(0, left_out)
@@ -183,7 +180,7 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
         for reason in res.reasons:
             out(f"  {cells.clean(reason, hidden, 500)}")
         if res.environment:
-            canary.forget(course, lab)
+            canary.forget(course, lab, dt)
             return environment_error(manifest, "; ".join(res.environment)), 1
         if not res.graded:
             why = "; ".join(cells.clean(r, hidden, 500) for r in res.reasons) or "nbgrader produced no grade"
@@ -206,19 +203,23 @@ def main(root: Path | str, *, check_only: bool = False, out=print) -> int:
     """Grade ``ROOT/submission`` into ``ROOT/results/results.json``; 0, or 1 when the environment cannot grade.
     ``check_only`` (setup.sh): run the canary only, and say whether this machine can grade the lab."""
     start = time.monotonic()
+    from lab_utils.grading.nbgrader_run import course_settings
+
     root = Path(root)
     manifest = json.loads((root / "source" / MANIFEST).read_text())
+    course = root / "source" / "course"
     if check_only:
         from lab_utils.grading import canary
 
-        verdict = canary.check(root / "source" / "course", manifest["lab"], force=True, out=out)
+        dt = course_settings(course)  # the bundle's one settings object: its course's config, then the environment
+        verdict = canary.check(course, manifest["lab"], settings=dt, force=True, out=out)
         if verdict.ok:
-            template(root / "source" / "course", manifest["lab"])
+            template(course, manifest["lab"], dt)
         out(f"{manifest['lab']}: this image can grade it (solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, "
             f"release {verdict.release[0]:g}/{verdict.release[1]:g})" if verdict.ok else "PROBLEM " + verdict.explain())
         return 0 if verdict.ok else 1
     try:
-        payload, code = _grade(root, manifest, out)
+        payload, code = _grade(root, manifest, course_settings(course), out)
     except Exception as exc:  # noqa: BLE001 - our failure, never the student's zero
         out(traceback.format_exc())
         payload, code = environment_error(manifest, f"the autograder failed: {type(exc).__name__}: {exc}"), 1
