@@ -33,6 +33,7 @@ from lab_utils.grading.boundary import ids, sandbox
 from lab_utils.grading.course import WORK, discover_labs, find_course_root
 from lab_utils.grading.boundary.guard import Guard, GuardError, startup_watch
 from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
+from lab_utils.grading.outcomes import Kind, Reason
 from lab_utils.grading.boundary.files import copy_submission
 from lab_utils.grading.submission import Result, grade_submission
 
@@ -128,14 +129,14 @@ def submission_digest(course_root: Path, lab: str, student: str) -> str:
 MANIFEST = "graded.json"  # "lab/student" -> digest of the submission (and source) last graded
 
 
-def _put_back_reason(touched: list[str], course_root: Path) -> str:
-    """The grade line's note for course files a submission changed (``Guard.restore``), or ''."""
+def _put_back_reason(touched: list[str], course_root: Path) -> Reason | None:
+    """The grade line's note for course files a submission changed (``Guard.restore``), or None."""
     if not touched:
-        return ""
+        return None
     shown = ", ".join(os.path.relpath(t, course_root) if Path(t).is_relative_to(course_root) else t
                       for t in touched[:4])
     more = f" and {len(touched) - 4} more" if len(touched) > 4 else ""
-    return f"sandbox: it changed files of the course while graded (put back): {shown}{more}"
+    return Reason(Kind.STUDENT, f"it changed files of the course while graded (put back): {shown}{more}", "sandbox")
 
 
 # ------------------------------------------------------------------------------------------ the batch
@@ -147,29 +148,30 @@ class _Batch:
         self.problems: list = []
         self.scratch_dirs: list = []
 
-    def _guard(self) -> str:
+    def _guard(self) -> Reason | None:
         """Put back what the last submission changed in the course (unprotected); the grade line's note."""
         touched = self.guard.restore() if self.guard is not None else []  # GuardError stops the batch
         if self.guard is not None:
             self.guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
         return _put_back_reason(touched, self.course_root)
 
-    def record(self, lab, student, digest, res: Result | None, failure: str | None) -> None:
+    def record(self, lab, student, digest, res: Result | None, failure: Reason | None) -> None:
         """Merge a graded result, or say why it was not; put back what it changed (unprotected)."""
         put_back = self._guard()
         merged = False
         if res is None:
             self.problems.append((lab, student))
             outcomes.note(self.course_root, lab, student, graded=False, reasons=[failure, put_back])
-            self.out(f"   NOT GRADED: {student}/{lab} ({'; '.join(filter(None, [failure, put_back]))})")
+            self.out(f"   NOT GRADED: {student}/{lab} ({'; '.join(map(str, filter(None, [failure, put_back])))})")
         else:
             self.scratch_dirs.append(res.scratch)
             if put_back:
                 res.reasons.append(put_back)
             merged = res.graded and not res.environment and gradebook.merge(self.course_root, res.scratch, lab, student)
-            why = "; ".join(res.reasons)
+            why = "; ".join(map(str, res.reasons))
             outcomes.note(self.course_root, lab, student, graded=merged, points=res.points if merged else None,
-                          reasons=res.reasons or ([] if merged else ["nbgrader produced no grade"]), seconds=res.seconds)
+                          reasons=res.reasons or ([] if merged else [Reason(Kind.COURSE, "nbgrader produced no grade")]),
+                          seconds=res.seconds)
             if merged:
                 self.manifest[f"{lab}/{student}"] = digest
                 gradebook.write_record(self.course_root, MANIFEST, self.manifest)
@@ -213,14 +215,14 @@ class _Batch:
                 try:
                     res, failure = fut.result(), None
                 except Exception as exc:  # noqa: BLE001 - one broken submission never stops the batch
-                    res, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
+                    res, failure = None, Reason(Kind.COURSE, f"grading failed: {type(exc).__name__}: {exc}")
                 if res is not None and res.environment and not left:
                     # not the student's fault: nothing more starts until the canary passes again; the ones still
                     # running finish and are recorded
                     left.append(item)
                     self.scratch_dirs.append(res.scratch)
                     self._guard()
-                    self.out(f"   NOT YET GRADED: {student}/{lab} ({'; '.join(res.environment)})")
+                    self.out(f"   NOT YET GRADED: {student}/{lab} ({'; '.join(map(str, res.environment))})")
                     left += pending
                     pending.clear()
                     continue
@@ -360,11 +362,11 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
             verdict = canary.check(course_root, lab, settings=settings, force=True, out=out)
             if not verdict.ok or (lab, student) in retried:
                 why = verdict.explain() if not verdict.ok else "its sandbox failed twice on a machine that grades"
+                reason = Reason(Kind.ENVIRONMENT, why.splitlines()[0])
                 for lab_, student_, *_ in todo:
                     batch.problems.append((lab_, student_))
-                    outcomes.note(course_root, lab_, student_, graded=False,
-                                  reasons=[f"environment: {why.splitlines()[0]}"])
-                    out(f"   NOT GRADED: {student_}/{lab_} (environment: {why.splitlines()[0]})")
+                    outcomes.note(course_root, lab_, student_, graded=False, reasons=[reason])
+                    out(f"   NOT GRADED: {student_}/{lab_} ({reason})")
                 stopped = "STOPPED: " + why if not verdict.ok else None
                 break
             retried.add((lab, student))

@@ -196,7 +196,7 @@ def _grade_canary(course_root: Path, lab: str, key: str, settings, out) -> Verdi
 
 def _why(res) -> str:
     """The reasons a canary grading gave, and a hint for the common environment faults."""
-    text = "; ".join(res.reasons) or "no reason given; see `dtlabs doctor --grading`"
+    text = "; ".join(map(str, res.reasons)) or "no reason given; see `dtlabs doctor --grading`"
     hints = []
     low = text.lower()
     if "no module named" in low or "importerror" in low or "modulenotfounderror" in low:

@@ -39,6 +39,7 @@ from lab_utils.grading.boundary import ids, sandbox
 from lab_utils.grading.batch import MANIFEST, record_lab, submission_digest
 from lab_utils.grading.course import WORK, GradingError, discover_labs, submissions
 from lab_utils.grading.nbgrader_run import course_settings
+from lab_utils.grading.outcomes import Kind, Reason, of_kind
 from lab_utils.grading.submission import grade_submission, prepare_template
 
 ROSTER = "roster.txt"
@@ -166,27 +167,29 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     sdir.mkdir(parents=True, exist_ok=True)
     record = _task_record()
     _write_json(sdir / TASK, record)
-    reasons = []
+    reasons: list[Reason] = []
     try:
         # no boundary on this node: it grades no one
         sandbox.require(settings.sandbox, course_root=course_root, user=settings.subject_user)
     except sandbox.SandboxUnavailable as exc:
-        reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {exc}")
+        reasons.append(Reason(Kind.ENVIRONMENT, f"cannot grade on {record['host']}: {exc}"))
     if not reasons and sandbox.mode() == "unprotected":
         print("WARNING: " + sandbox.UNPROTECTED_WARNING, file=sys.stderr, flush=True)
-    if not any(sandbox.ENVIRONMENT in r for r in reasons):
+    if not of_kind(reasons, Kind.ENVIRONMENT):
         # as `dtlabs grade` does: this node grades no one until the lab's solution and release grade right here
         # (the first task of a user on a node grades them; the others read its verdict)
         verdict = canary.check(course_root, lab, settings=settings, out=out)
         if not verdict.ok:
-            reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {verdict.explain()}")
-    result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": reasons, **record}
-    if not any(sandbox.ENVIRONMENT in r for r in reasons):
+            reasons.append(Reason(Kind.ENVIRONMENT, f"cannot grade on {record['host']}: {verdict.explain()}"))
+    result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": [], **record}
+    if not of_kind(reasons, Kind.ENVIRONMENT):
         try:
-            result.update(_grade(course_root, lab, student, labdir, sdir, settings, out))
-            result["reasons"] = reasons + result["reasons"]
+            graded = _grade(course_root, lab, student, labdir, sdir, settings, out)
+            reasons += graded.pop("reasons")
+            result.update(graded)
         except Exception as exc:  # noqa: BLE001 - the reason goes into the result and the log, never a silent zero
-            result["reasons"] = reasons + [f"grading failed: {type(exc).__name__}: {exc}"]
+            reasons.append(Reason(Kind.COURSE, f"grading failed: {type(exc).__name__}: {exc}"))
+    result["reasons"] = [str(r) for r in reasons]  # result.json holds their text, as the grade lines show it
     result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     _write_json(sdir / RESULT, result)
     got, possible = result["points"]

@@ -4,7 +4,7 @@
 snapshot of the course's gradebook (``prepare_template`` makes one without touching the course's), and gathers in
 one ``Result`` the scores and every reason worth a grade line: nbgrader's, the sandbox's, a tampered test cell, the
 first failing tests of a zero, what was left out of the copy; reasons that are the grading machine's fault (its
-sandbox never started) are ``Result.environment``, never a student's zero.
+sandbox never started) are ``Result.environment``, never a student's zero. Each reason is an ``outcomes.Reason``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from lab_utils.grading import gradebook
 from lab_utils.grading.boundary.files import SubmissionError, copy_submission, regular_notebook
 from lab_utils.grading.course import WORK, cell_meta, split_hidden
 from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
-from lab_utils.grading.boundary.sandbox import ENVIRONMENT
+from lab_utils.grading.outcomes import Kind, Reason, of_kind
 
 # ------------------------------------------------------------------------------------------ grading one
 @dataclass
@@ -31,7 +31,7 @@ class Result:
     student: str
     scratch: Path
     scores: dict = field(default_factory=dict)
-    reasons: list = field(default_factory=list)
+    reasons: list = field(default_factory=list)  # outcomes.Reason each
     seconds: float = 0.0
     output: str = ""
 
@@ -49,9 +49,9 @@ class Result:
         return sum(s for s, _ in self.scores.values()), sum(m for _, m in self.scores.values())
 
     @property
-    def environment(self) -> list[str]:
+    def environment(self) -> list[Reason]:
         """The reasons that are the grading machine's fault (its sandbox did not start), never the student's."""
-        return [r for r in self.reasons if ENVIRONMENT in r]
+        return of_kind(self.reasons, Kind.ENVIRONMENT)
 
 
 def prepare_template(course_root: Path, lab: str, dest: Path, settings=None) -> Path:
@@ -167,7 +167,7 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
         regular_notebook(submitted / f"{lab}.ipynb")
         copied = copy_submission(submitted, scratch / WORK / "submitted" / student / lab)
     except SubmissionError as exc:
-        res.reasons = [str(exc)]
+        res.reasons = [Reason(Kind.STUDENT, str(exc))]
         res.seconds = time.monotonic() - start
         return res
     report = scratch / "sandbox.txt"
@@ -188,15 +188,15 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
         forged = gradebook.tampering(scratch, lab, student, expected) if ran else []
     if forged:  # a grade or late penalty it may have changed is no grade: the instructor reads why
         res.scores = {}
-    reasons = [copied.note()] if copied.left_out else []
-    if report.is_file():
-        reasons += [f"sandbox: {line.strip()}" for line in report.read_text().splitlines() if line.strip()]
-    if run.timed_out:
-        reasons.append(f"wall-clock limit: grading took over {timeout:g} s")
-    reasons += _tampered_cells(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb", template, lab)
-    reasons += _reasons_from_log(run.output) + forged
+    reasons = [Reason(Kind.STUDENT, copied.note())] if copied.left_out else []
+    if report.is_file():  # written on the subject's side: ``Reason.parse`` reads its words back
+        reasons += [Reason.parse(f"sandbox: {line.strip()}") for line in report.read_text().splitlines() if line.strip()]
+    said = [f"wall-clock limit: grading took over {timeout:g} s"] if run.timed_out else []
+    said += _tampered_cells(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb", template, lab)
+    said += _reasons_from_log(run.output) + forged
     if res.graded and res.points[0] == 0:
-        reasons += _failed_cells(res.notebook)[:3]
+        said += _failed_cells(res.notebook)[:3]
+    reasons += [Reason(Kind.STUDENT, text) for text in said]
     res.reasons = list(dict.fromkeys(reasons))
     res.seconds = time.monotonic() - start
     return res

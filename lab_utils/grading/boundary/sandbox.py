@@ -34,9 +34,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from lab_utils import processes, settings
+from lab_utils.grading import outcomes
 
 PKG_DIR = processes.PACKAGE_DIR
-ENVIRONMENT = "environment:"  # a reason that carries this is the grading machine's fault, never the student's
 # the variables a subject keeps; everything else (DTLABS_COURSE_ROOT, JUPYTER_*, tokens...) is dropped
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
@@ -48,7 +48,7 @@ UNPROTECTED_WARNING = (
     "says it was taken without a boundary. Install Debian's 'bubblewrap', or grade as root with a separate user "
     "(dtlabs doctor --grading --fix)."
 )
-UNPROTECTED = "taken without a boundary (--unprotected)"  # on every grade line, record and results.json of that mode
+UNPROTECTED = str(outcomes.UNPROTECTED)  # the grade's reason in that mode, as the subject's report writes it
 
 
 @dataclass

@@ -132,7 +132,7 @@ def _graded(manifest: dict, res, hidden: list[str]) -> dict:
                       "visibility": t["visibility"]})
     ids = tuple(f"{t['grade_id']}:" for t in manifest["tests"])
     # the top-level output is always visible: nothing in it may tell how a hidden test went (those are per test)
-    notes = [cells.clean(r, hidden, 500) for r in res.reasons if not r.startswith(ids)]
+    notes = [cells.clean(str(r), hidden, 500) for r in res.reasons if not str(r).startswith(ids)]
     text = "\n".join([f"{manifest['lab']}: graded; each test cell's result is below.", *notes])
     return {"score": res.points[0], "output": text, "stdout_visibility": "hidden", "tests": tests}
 
@@ -142,6 +142,7 @@ def _grade(root: Path, manifest: dict, dt, out) -> tuple[dict, int]:
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.export import cells
     from lab_utils.grading.boundary.files import SubmissionError
+    from lab_utils.grading.outcomes import Kind, Reason
     from lab_utils.grading.submission import grade_submission
 
     lab = manifest["lab"]
@@ -174,16 +175,16 @@ def _grade(root: Path, manifest: dict, dt, out) -> tuple[dict, int]:
         res = grade_submission(course, lab, STUDENT, template(course, lab, dt), settings=dt,
                                scratch=scratch / "grade", submission_dir=staged)
         if left_out:
-            res.reasons.insert(0, left_out)
+            res.reasons.insert(0, Reason(Kind.STUDENT, left_out))
         out(f"graded in {res.seconds:.1f} s: " + (f"{res.points[0]:g}/{res.points[1]:g}" if res.graded else
                                                  "NOT GRADED"))
         for reason in res.reasons:
-            out(f"  {cells.clean(reason, hidden, 500)}")
+            out(f"  {cells.clean(str(reason), hidden, 500)}")
         if res.environment:
             canary.forget(course, lab, dt)
-            return environment_error(manifest, "; ".join(res.environment)), 1
+            return environment_error(manifest, "; ".join(map(str, res.environment))), 1
         if not res.graded:
-            why = "; ".join(cells.clean(r, hidden, 500) for r in res.reasons) or "nbgrader produced no grade"
+            why = "; ".join(cells.clean(str(r), hidden, 500) for r in res.reasons) or "nbgrader produced no grade"
             return student_zero(manifest, f"the notebook could not be graded: {why}"), 0
         return _graded(manifest, res, hidden), 0
     finally:
