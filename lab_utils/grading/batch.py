@@ -36,6 +36,7 @@ from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
 from lab_utils.grading.outcomes import Kind, Reason
 from lab_utils.grading.boundary.files import copy_submission
 from lab_utils.grading.submission import Result, grade_submission
+from lab_utils.status import Status
 
 def read_timestamps(path: Path | str) -> dict:
     """The instructor's submission times (``--timestamps FILE``): a CSV with a header naming the columns ``student``
@@ -232,13 +233,13 @@ class _Batch:
 
 
 def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, force=False, feedback=True,
-          csv_path=None, jobs=1, out=print, progress=True, timestamps=None) -> int:
+          csv_path=None, jobs=1, out=print, progress=True, timestamps=None) -> Status:
     """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden
     tests), under the command's ``settings`` (default: the course's). ``timestamps``: the instructor's submission
     times for ``submissions_dir`` (``read_timestamps``).
 
-    Returns 0 when every submission was graded, 1 when some could not be (listed with the reason; the rest are
-    graded and exported regardless), 2 when the course cannot be graded here (nothing submitted, a lab with no
+    DONE when every submission was graded, INCOMPLETE when some could not be (listed with the reason; the rest
+    are graded and exported regardless), REFUSED when the course cannot be graded here (nothing submitted, a lab with no
     source, a canary that failed: then nothing is graded or written to the gradebook).
     """
     from lab_utils.grading.export.late import due_date
@@ -251,17 +252,17 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
     if timestamps is not None:
         if not submissions_dir:
             out("--timestamps gives the times of the submissions --submissions DIR brings in: pass both")
-            return 2
+            return Status.REFUSED
         try:
             times = read_timestamps(timestamps)
         except ValueError as exc:
             out(f"cannot grade: {exc}")
-            return 2
+            return Status.REFUSED
     if submissions_dir:
         src = Path(submissions_dir).resolve()
         if not src.is_dir():
             out(f"no such folder: {src}")
-            return 2
+            return Status.REFUSED
         if src != submitted.resolve():
             notes, refused = _collect(src, submitted, times)
             for note in notes:
@@ -275,14 +276,14 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
         out(f"   NOT GRADED: {who}{'/' + lab if lab else ''} ({why})")
     if not labs:
         out(f"nothing to grade: no submissions under {submitted} (layout: <student>/<NN_topic>/<NN_topic>.ipynb)")
-        return 2
+        return Status.REFUSED
     known = discover_labs(course_root)
     unknown = [lab for lab in labs if lab not in known]
     if unknown:
         out(f"SKIPPED {unknown}: no solutions/<lab>/<lab>.ipynb source for them (known labs: {known})")
     labs = [lab for lab in labs if lab in known]
     if not labs:
-        return 2
+        return Status.REFUSED
     if submissions_dir and times is None and any(due_date(settings, lab) for lab in labs):
         out("WARNING: a lab has a due date (c.DTLabs.due_dates), but no submission time came with --submissions: "
             "no late penalty is charged (give the times with --timestamps FILE)")
@@ -292,7 +293,7 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
         sandbox.require(settings.sandbox, course_root=course_root, user=settings.subject_user)
     except sandbox.SandboxUnavailable as exc:
         out(f"cannot grade: {exc}")
-        return 2
+        return Status.REFUSED
     unprotected = sandbox.mode() == "unprotected"
     if unprotected:
         out("WARNING: " + sandbox.UNPROTECTED_WARNING)
@@ -315,13 +316,13 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
         verdict = canary.check(course_root, lab, settings=settings, out=out)
         if not verdict.ok:
             out("REFUSED: " + verdict.explain())
-            return 2
+            return Status.REFUSED
     scratch_dirs, todo = [], []
     for lab in labs:
         failed = record_lab(course_root, lab, force=force, settings=settings)
         if failed:
             out(failed)
-            return 2
+            return Status.REFUSED
         gradebook.register_students(course_root, found.get(lab, []))
         missing = gradebook.without_submission(course_root, lab, found.get(lab, []))
         if missing:
@@ -379,7 +380,7 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
             shutil.rmtree(d, ignore_errors=True)
     if stopped:
         out(stopped)
-        return 2
+        return Status.REFUSED
 
     csv_path = Path(csv_path) if csv_path else course_root / WORK / "grades.csv"
     run = run_nbgrader(["export", f"--to={csv_path.resolve()}"], course_root=course_root, settings=settings,
@@ -396,8 +397,8 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
         f"{s}/{a}" for a, s in batch.problems]
     if problems:
         out(f"{len(problems)} submission(s) could not be graded: " + ", ".join(problems))
-        return 1
-    return 2 if unknown else 0
+        return Status.INCOMPLETE
+    return Status.REFUSED if unknown else Status.DONE
 
 
 def record_lab(course_root: Path, lab: str, *, force: bool = False, settings=None) -> str:

@@ -41,6 +41,7 @@ from lab_utils.grading.course import WORK, GradingError, discover_labs, submissi
 from lab_utils.grading.nbgrader_run import course_settings
 from lab_utils.grading.outcomes import Kind, Reason, of_kind
 from lab_utils.grading.submission import grade_submission, prepare_template
+from lab_utils.status import Status
 
 ROSTER = "roster.txt"
 MISSING = "missing.txt"
@@ -138,12 +139,12 @@ def _task_record() -> dict:
 
 
 def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None = None, task: int | None = None,
-              settings=None, out=print) -> int:
+              settings=None, out=print) -> Status:
     """Grade one submission into ``RESULTS/<lab>/<student>/`` (the student, or roster line ``task``), under the
     command's ``settings`` (default: the course's).
 
-    Exit code: 0 graded, 1 not graded (the reason is in result.json and printed), 2 bad arguments (an id that breaks
-    the rule among them)."""
+    DONE graded, INCOMPLETE not graded (the reason is in result.json and printed), REFUSED bad arguments (an id
+    that breaks the rule among them)."""
     course_root, results = Path(course_root).resolve(), Path(results).resolve()
     if settings is None:
         settings = course_settings(course_root)
@@ -152,13 +153,13 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
         roster = read_roster(results, lab)
         if task is None or not 0 <= task < len(roster):
             out(f"task {task} is not a line of {labdir / ROSTER} ({len(roster)} students: tasks 0-{len(roster) - 1})")
-            return 2
+            return Status.REFUSED
         student = roster[task]
     why = ids.problem(student) or (f"the student id names a file of the results folder ({student})"
                                    if student in ("template", ROSTER, MISSING) else None)
     if why:  # never a folder, never a result: said escaped
         out(f"{ids.shown(student)}/{lab}: NOT GRADED - {why}")
-        return 2
+        return Status.REFUSED
     sdir = labdir / student
     # a rerun or a requeued task starts clean: the old result goes first, so a crash cannot leave it behind
     (sdir / RESULT).unlink(missing_ok=True)
@@ -195,7 +196,7 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     got, possible = result["points"]
     out(f"{student}/{lab}: " + (f"{got:g}/{possible:g}" if result["graded"] else "NOT GRADED") +
         (f" - {'; '.join(result['reasons'])}" if result["reasons"] else ""))
-    return 0 if result["graded"] else 1
+    return Status.DONE if result["graded"] else Status.INCOMPLETE
 
 
 def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, settings, out) -> dict:
@@ -239,10 +240,11 @@ def missing_reason(results: Path, lab: str, student: str) -> str:
             "and never finished (cancelled, out of time, or its node was lost)" + _log_tail(Path(results), task.get("job")))
 
 
-def merge(course_root: Path, results: Path, labs=None, settings=None, out=print) -> int:
+def merge(course_root: Path, results: Path, labs=None, settings=None, out=print) -> Status:
     """Every roster of ``results`` (or of ``labs``) merged into the course's gradebook.
 
-    Exit code: 0 every student merged, 1 some NOT GRADED (each listed with the reason), 2 nothing to merge."""
+    DONE every student merged, INCOMPLETE some NOT GRADED (each listed with the reason), REFUSED nothing to
+    merge."""
     course_root, results = Path(course_root).resolve(), Path(results).resolve()
     known = discover_labs(course_root)
     labs = list(labs) if labs else sorted(p.name for p in results.iterdir() if p.is_dir() and p.name in known) \
@@ -250,17 +252,17 @@ def merge(course_root: Path, results: Path, labs=None, settings=None, out=print)
     if not labs:
         out(f"nothing to merge: no <lab>/ folder under {results} (grader/slurm/grade-class.sh or `dtlabs grade-one` "
             "writes one)")
-        return 2
+        return Status.REFUSED
     bad, merged, kept = [], 0, 0
     for lab in labs:
         roster = expected_students(course_root, results, lab)
         if not roster:
             out(f"nothing to merge for {lab}: no roster under {results / lab} and no submission of it")
-            return 2
+            return Status.REFUSED
         failed = record_lab(course_root, lab, settings=settings)  # a gradebook without the lab gets it first
         if failed:
             out(failed)
-            return 2
+            return Status.REFUSED
         refused = ids.refusals(roster)  # a roster edited by hand passes the door too
         gradebook.register_students(course_root, [s for s in roster if s not in refused])
         manifest = gradebook.read_record(course_root, MANIFEST)
@@ -307,4 +309,4 @@ def merge(course_root: Path, results: Path, labs=None, settings=None, out=print)
         gradebook.write_record(course_root, MANIFEST, manifest)
     out(f"merged {merged} of {merged + kept + len(bad)}" + (f", kept {kept}" if kept else "") +
         (f"; NOT GRADED or missing: {', '.join(bad)}" if bad else ""))
-    return 1 if bad else 0
+    return Status.INCOMPLETE if bad else Status.DONE

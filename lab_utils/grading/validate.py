@@ -1,4 +1,4 @@
-"""The student's pre-submission check: nbgrader's Validator with split execution and a real exit code.
+"""The student's pre-submission check: nbgrader's Validator with split execution and a real verdict (an exit code).
 
 ``nbgrader validate`` exits 0 even when tests fail; ``validate`` here returns 1. It executes the notebook the
 way grading does (``SplitExecute``: answers in a separate student process, tests in the kernel), so a student
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lab_utils.grading.course import is_course
 from lab_utils.grading.nbgrader_run import TOKEN_VAR, course_settings, load_config, reap
+from lab_utils.status import Status
 
 
 def course_of(notebook) -> Path | None:
@@ -24,9 +25,9 @@ def course_of(notebook) -> Path | None:
     return next((d for d in Path(notebook).resolve().parents if is_course(d)), None)
 
 
-def validate(notebook, *, settings=None, stream=None) -> int:
+def validate(notebook, *, settings=None, stream=None) -> Status:
     """The student's pre-submission check: nbgrader's Validator, printed as nbgrader prints it, with an exit
-    code (0: every test passes and no locked cell changed; 1: not so; 2: cannot run), under the command's
+    status (DONE: every test passes and no locked cell changed; INCOMPLETE: not so; REFUSED: cannot run), under the command's
     ``settings`` (default: those of the notebook's course, ``course_of``)."""
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
@@ -39,7 +40,7 @@ def validate(notebook, *, settings=None, stream=None) -> int:
     path = Path(notebook)
     if not path.is_file():
         print(f"no such notebook: {path}", file=sys.stderr)
-        return 2
+        return Status.REFUSED
     course = course_of(path)
     dt = settings if settings is not None else course_settings(course)
     cfg = load_config(course)
@@ -84,7 +85,7 @@ def validate(notebook, *, settings=None, stream=None) -> int:
     except Exception as exc:  # noqa: BLE001 - a notebook nbgrader cannot read is a failed validation
         if not expired.is_set():
             print(f"cannot validate {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 2
+            return Status.REFUSED
     finally:
         timer.cancel()
         os.environ.pop(TOKEN_VAR, None)
@@ -92,9 +93,9 @@ def validate(notebook, *, settings=None, stream=None) -> int:
     if expired.is_set():
         print(f"stopped after {dt.submission_timeout:g} s: grading stops a submission that runs longer "
               "(c.DTLabs.submission_timeout); make the notebook faster before you submit it", file=sys.stderr)
-        return 1
+        return Status.INCOMPLETE
     res = getattr(v, "results", {})
-    return 1 if (res.get("type_changed") or res.get("changed") or res.get("failed")) else 0
+    return Status.INCOMPLETE if (res.get("type_changed") or res.get("changed") or res.get("failed")) else Status.DONE
 
 
 def _wrap_error(text: str, indent: str, width: int) -> str:
