@@ -86,7 +86,7 @@ def child_config(course_root: Path | str, settings=None) -> tuple[list[str], lis
 def apply_nbgrader_config(c, default_root: Path | str) -> None:
     """Every nbgrader setting the course runs with, on config ``c`` (a course's ``grader/nbgrader_config.py`` and the
     package's default both call this). ``default_root``: the course folder unless ``c.DTLabs.course_root`` or
-    ``DTLABS_COURSE_ROOT`` names another (a scratch course for one submission)."""
+    ``DTLABS_COURSE_ROOT`` names another; a run ``run_nbgrader`` starts names its own (``child_config``)."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (
         AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
