@@ -49,6 +49,7 @@ def _worst(*statuses: Status) -> Status:
     order = list(Status)  # DONE, INCOMPLETE, REFUSED: each worse than the one before
     return max(statuses, key=order.index)
 
+
 COURSE_ROOT_HELP = ("the course folder (solutions/, labs/, grader/); default: the nearest one at or above the working "
                     "directory")
 

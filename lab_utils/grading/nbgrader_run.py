@@ -166,12 +166,13 @@ def processes_with_token(token: str, exclude=(), var: str = TOKEN_VAR) -> list:
 def run_nbgrader(args, *, course_root=None, settings=None, timeout=None, echo=False, env_extra=None,
                  config_root=None) -> NbgraderRun:
     """``nbgrader ARGS`` for a course root (``find_course_root`` by default) with the settings of ``config_root``
-    (default: the same course) and those of ``settings`` that came from flags, under a wall-clock limit; every
-    process it left is reaped."""
+    (default: the same course) and those of the command's ``settings`` that came from flags, under a wall-clock
+    limit; every process it left is reaped. Without ``settings`` (no command: a test, a tool), nbgrader reads its
+    own from the config and the environment, and this process reads none of the course's config."""
+    from lab_utils import settings as dtlabs
+
     course_root = find_course_root(course_root)
     (course_root / WORK).mkdir(parents=True, exist_ok=True)  # sqlite does not create folders
-    if settings is None:
-        settings = course_settings(config_root if config_root is not None else course_root)
     token = uuid.uuid4().hex
     flags, leave_out = child_config(course_root, settings)
     env = nbgrader_env(course_root, config_root, leave_out)
@@ -179,7 +180,8 @@ def run_nbgrader(args, *, course_root=None, settings=None, timeout=None, echo=Fa
     env[TOKEN_VAR] = token
     cmd = [sys.executable, "-m", "nbgrader", *map(str, args), *flags]
     start = time.monotonic()
-    proc = _warm_run(cmd[3:], env, str(course_root), settings.warm_nbgrader)
+    warm = (settings if settings is not None else dtlabs.load()).warm_nbgrader  # load: the environment's
+    proc = _warm_run(cmd[3:], env, str(course_root), warm)
     if proc is None:
         proc = subprocess.Popen(
             cmd, cwd=course_root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
