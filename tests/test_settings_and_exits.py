@@ -196,3 +196,28 @@ def test_no_module_but_cli_ends_the_process_or_returns_an_exit_code():
 ])
 def test_the_exit_code_check_finds_what_it_forbids(source):
     assert exit_code_problems(source, "grading/x.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_flag_reaches_the_grader_kernel_over_the_environments_variable(synthetic_course, tmp_path, monkeypatch,
+                                                                       no_leaked_processes, capsys):
+    """`dtlabs grade --unprotected` with DTLABS_SANDBOX=bwrap in the environment: the flag is the command's choice in
+    every process grading starts (nbgrader, its grader kernel), so each grade says it was taken without a boundary."""
+    import shutil
+
+    import nbformat
+    from conftest import SYNTHETIC_LAB as LAB
+
+    from lab_utils import grading
+
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    release = nbformat.read(str(root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
+    source = nbformat.read(str(root / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    grading.submit(root, "ann", LAB, grading.fill_solutions(release, source))
+    monkeypatch.setenv("DTLABS_SANDBOX", "bwrap")
+    assert cli.main(["grade", LAB, "--no-feedback", "--unprotected", "--course-root", str(root)]) == cli.ExitCode.OK
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "ann/" in x)
+    assert "sandbox: taken without a boundary (--unprotected)" in line, out
