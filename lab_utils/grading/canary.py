@@ -127,9 +127,11 @@ def forget(course_root: Path, lab: str, settings=None) -> None:
 def check(course_root, lab: str, *, settings=None, force: bool = False, out=print) -> Verdict:
     """The lab's canary verdict under the command's ``settings`` (default: the course's): kept, or graded now
     (about two submissions' time) when anything changed."""
+    from lab_utils.grading.boundary import sandbox
 
     course_root = Path(course_root)
     settings = settings if settings is not None else course_settings(course_root)
+    sandbox.choose(settings)  # the boundary the digest names is the one this grading uses
     key = environment_digest(course_root, lab, settings)
     with _one_at_a_time(settings):  # array tasks starting together: the first grades the canary, the rest read it
         kept = _read_cache(settings).get(key)
