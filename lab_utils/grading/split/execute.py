@@ -174,7 +174,7 @@ class SplitExecute(Execute):
                 shared.append(cell.source)
         workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
         report = self.report_path or None
-        limits = settings.load(self.config)  # c.DTLabs.* from the course's nbgrader config, then the environment
+        limits = settings.load(self.config)  # the run's config (the course's, the flags'), then the environment
         user_mode = sandbox.mode(limits.sandbox) == "user"
         # removed here: the kernel may die uncleaned. The separate user passes through it to its own folder, no more
         work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=sandbox.subjects_folder() if user_mode else None)
