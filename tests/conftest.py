@@ -12,6 +12,7 @@ from helpers.processes import TEST_TOKEN_VAR, assert_no_leftovers
 from helpers.schedule import expected_s
 from helpers.synthetic import SYNTHETIC_LAB, grade_class, make_synthetic_course
 from lab_utils import grading
+from lab_utils.status import Status
 
 # The canary's kept verdicts: one folder per test run (pytest-xdist's workers share it), never the developer's own.
 os.environ.setdefault("DTLABS_CACHE_DIR", os.path.join(

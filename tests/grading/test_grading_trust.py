@@ -21,6 +21,7 @@ from lab_utils import cli, grading
 from lab_utils.grading import batch, canary
 from lab_utils.grading.quality.swaps import check_swaps, release_swap
 from lab_utils.grading.submission import Result
+from lab_utils.status import Status
 
 # A test cell that runs in the grader's kernel only: it fails when the kernel works in, or imports from, a folder
 # the submission can write.
@@ -83,7 +84,7 @@ def test_no_grading_entry_point_imports_from_or_works_in_the_submissions_folder(
     folder = _submit(inbox, "good", good, marker)
     full = {"test_add": (2.0, 2.0), "test_twice": (1.0, 1.0), "test_grader_path": (1.0, 1.0)}
 
-    assert grading.grade([LAB], course_root=course, submissions_dir=inbox, feedback=False, progress=False) == 0
+    assert grading.grade([LAB], course_root=course, submissions_dir=inbox, feedback=False, progress=False) is Status.DONE
     assert grading.cell_scores(course, LAB, "good") == full, capsys.readouterr().out
 
     out = tmp_path / "results"  # grade-one, as a Slurm array task runs it
@@ -93,7 +94,7 @@ def test_no_grading_entry_point_imports_from_or_works_in_the_submissions_folder(
     result = json.loads((out / LAB / "good" / "result.json").read_text())  # RESULTS/<lab>/<student>/
     assert result["graded"] and result["points"] == [4.0, 4.0], result
 
-    assert grading.validate(folder / f"{LAB}.ipynb") == 0  # the student's own check, beside their traps
+    assert grading.validate(folder / f"{LAB}.ipynb") is Status.DONE  # the student's own check, beside their traps
 
     report = check_swaps(LAB, [release_swap(LAB, course)], root=course)  # a swap session
     assert report.baseline.scores.get("test_grader_path") == (1.0, 1.0), report.baseline
@@ -126,7 +127,7 @@ def test_links_and_special_files_in_a_submission_are_left_out_and_named(course, 
     code = grading.grade([LAB], course_root=course, submissions_dir=inbox, feedback=True, progress=False,
                          out=lines.append)
     text = "\n".join(lines)
-    assert code == 0, text
+    assert code is Status.DONE, text
     assert grading.cell_scores(course, LAB, "reader")["test_add"][0] == 0, text
     assert "solution.ipynb (a symbolic link)" in text and "pipe (not a regular file)" in text, text
     autograded = course / "grader" / "work" / "autograded"
@@ -155,7 +156,7 @@ def test_a_machine_that_cannot_grade_refuses_says_why_and_writes_nothing(course,
     lines = []
     code = grading.grade([LAB], course_root=course, submissions_dir=inbox, progress=False, out=lines.append)
     text = "\n".join(lines)
-    assert code == 2, text
+    assert code is Status.REFUSED, text
     assert "REFUSED" in text and "memory limit" in text and "c.DTLabs.memory_mb" in text, text
     work = course / "grader" / "work"
     assert grading.cell_scores(course, LAB, "good") == {} and not (work / "grades.csv").exists(), text
@@ -248,7 +249,7 @@ def test_a_sandbox_that_fails_is_never_a_zero_and_stops_the_class_until_the_cana
     code = grading.grade([LAB], course_root=course, submissions_dir=inbox, feedback=False, progress=False,
                          out=lines.append)
     text = "\n".join(lines)
-    assert code == 0, text
+    assert code is Status.DONE, text
     assert "NOT YET GRADED: a_unlucky" in text and True in checks, text  # the canary ran again, forced
     scores = {s: sum(p for p, _ in grading.cell_scores(course, LAB, s).values()) for s in ("a_unlucky", "b_good")}
     assert scores == {"a_unlucky": 4.0, "b_good": 4.0}, text  # graded on the retry, never recorded as a zero
@@ -261,7 +262,7 @@ def test_a_sandbox_that_fails_is_never_a_zero_and_stops_the_class_until_the_cana
     code = grading.grade([LAB], course_root=course, submissions_dir=inbox, feedback=False, progress=False,
                          out=lines.append, force=True)
     text = "\n".join(lines)
-    assert code == 2 and "STOPPED" in text, text
+    assert code is Status.REFUSED and "STOPPED" in text, text
     assert "NOT GRADED: b_good/00_synthetic (environment:" in text, text
     assert "NOT GRADED: c_wrong/00_synthetic (environment:" in text, text
 

@@ -34,9 +34,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from lab_utils import processes, settings
+from lab_utils.grading import outcomes
 
 PKG_DIR = processes.PACKAGE_DIR
-ENVIRONMENT = "environment:"  # a reason that carries this is the grading machine's fault, never the student's
 # the variables a subject keeps; everything else (DTLABS_COURSE_ROOT, JUPYTER_*, tokens...) is dropped
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
@@ -48,19 +48,24 @@ UNPROTECTED_WARNING = (
     "says it was taken without a boundary. Install Debian's 'bubblewrap', or grade as root with a separate user "
     "(dtlabs doctor --grading --fix)."
 )
-UNPROTECTED = "taken without a boundary (--unprotected)"  # on every grade line, record and results.json of that mode
+UNPROTECTED = str(outcomes.UNPROTECTED)  # the grade's reason in that mode, as the subject's report writes it
 
 
 @dataclass
 class Limits:
-    """What one submission may use (``c.DTLabs.memory_mb`` / ``max_procs``). ``memory_mb`` is the total RSS of all
-    its processes."""
+    """What one submission may use (``c.DTLabs.memory_mb`` / ``max_procs`` / ``disk_mb``; ``of`` takes them from a
+    command's settings, the defaults are the settings' own). ``memory_mb`` is the total RSS of all its processes."""
 
-    memory_mb: int = field(default_factory=lambda: settings.load().memory_mb)
-    max_procs: int = field(default_factory=lambda: settings.load().max_procs)
-    disk_mb: int = field(default_factory=lambda: settings.load().disk_mb)
+    memory_mb: int = field(default_factory=lambda: settings.default("memory_mb"))
+    max_procs: int = field(default_factory=lambda: settings.default("max_procs"))
+    disk_mb: int = field(default_factory=lambda: settings.default("disk_mb"))
     poll_s: float = 0.1
     disk_every: int = 10  # polls between two measures of the submission's folder
+
+    @classmethod
+    def of(cls, dt) -> "Limits":
+        """The limits of a command's settings (``settings.DTLabs``)."""
+        return cls(memory_mb=dt.memory_mb, max_procs=dt.max_procs, disk_mb=dt.disk_mb)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -70,6 +75,13 @@ class SandboxUnavailable(RuntimeError):
 _chosen: str | None = None  # the course's c.DTLabs.sandbox, when the grader was told it (``require``)
 _user: str | None = None  # the course's c.DTLabs.subject_user, likewise
 _checked: dict = {}  # (mode, protected paths) -> None or the exposure found, once per process
+
+
+def choose(dt) -> None:
+    """Take the sandbox and separate user of a command's settings (``settings.DTLabs``), unchecked (``require``
+    checks)."""
+    global _chosen, _user
+    _chosen, _user = dt.sandbox, dt.subject_user
 
 
 def require(choice: str | None, course_root=None, protect=(), read_only=(), user: str | None = None) -> str:
@@ -96,8 +108,13 @@ def require(choice: str | None, course_root=None, protect=(), read_only=(), user
     return now
 
 
+def _in_force():
+    """The settings in force where no command named the sandbox (``require(None)``): the environment's."""
+    return settings.load()
+
+
 def _choice() -> str:
-    return _chosen or settings.load().sandbox
+    return _chosen or _in_force().sandbox
 
 
 @lru_cache(maxsize=1)
@@ -120,7 +137,7 @@ def _probe() -> tuple[str | None, str | None]:
 
 
 def subject_user_name() -> str:
-    return _user or settings.load().subject_user
+    return _user or _in_force().subject_user
 
 
 def subjects_folder() -> str | None:
@@ -370,10 +387,10 @@ def mounts(workdir, tmp_mb: int | None = None) -> list[Mount]:
     return steps
 
 
-def describe_mounts(workdir) -> str:
+def describe_mounts(workdir, limits: Limits | None = None) -> str:
     """The subject's file system in words (``dtlabs doctor --grading``)."""
     return "\n".join(f"  {m.kind:8s} {m.dest}" + (f" -> {m.src}" if m.kind == "symlink" else "")
-                     for m in mounts(workdir, tmp_mb=Limits().disk_mb))
+                     for m in mounts(workdir, tmp_mb=(limits or Limits()).disk_mb))
 
 
 def _matplotlib_cache() -> Path:

@@ -30,7 +30,7 @@ from traitlets import Unicode
 from lab_utils import settings
 from lab_utils.grading.course import cell_meta
 from lab_utils.grading.boundary import sandbox
-from lab_utils.grading.boundary.sandbox import ENVIRONMENT
+from lab_utils.grading.outcomes import Kind, Reason
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
 
@@ -152,11 +152,11 @@ class SplitExecute(Execute):
         except Exception as exc:  # noqa: BLE001 - a dead kernel, a timeout: the sandbox did not start either
             why = f"{type(exc).__name__}: {exc}"
         if why:
-            reason = f"{ENVIRONMENT} the sandbox did not start ({why})"
+            reason = Reason(Kind.ENVIRONMENT, f"the sandbox did not start ({why})")
             if self.report_path:
                 with open(self.report_path, "a") as fh:
-                    fh.write(reason.replace("\n", " ") + "\n")
-            raise SandboxNotStarted(reason)
+                    fh.write(str(reason).replace("\n", " ") + "\n")
+            raise SandboxNotStarted(str(reason))
         return cell, resources
 
     @contextlib.contextmanager
@@ -174,7 +174,7 @@ class SplitExecute(Execute):
                 shared.append(cell.source)
         workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
         report = self.report_path or None
-        limits = settings.load(self.config)  # c.DTLabs.* from the course's nbgrader config, then the environment
+        limits = settings.load(self.config)  # the run's config (the course's, the flags'), then the environment
         user_mode = sandbox.mode(limits.sandbox) == "user"
         # removed here: the kernel may die uncleaned. The separate user passes through it to its own folder, no more
         work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=sandbox.subjects_folder() if user_mode else None)

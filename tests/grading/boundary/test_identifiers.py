@@ -26,6 +26,7 @@ from lab_utils.grading import batch
 from lab_utils.grading.boundary import ids
 from lab_utils.grading.export import canvas, csvfile
 from lab_utils.grading.nbgrader_run import run_nbgrader
+from lab_utils.status import Status
 
 FORGED_ROW = "mallory,\n00_synthetic,,,victim,,,,10.0,0.0,10.0,3.0"  # a folder name that forged a grades.csv row
 ESCAPES = "eve\x1b[1A\x1b[2K\r   eve: 10 of 10"  # draws a fake grade line over the one before
@@ -158,7 +159,7 @@ def test_canvas_export_skips_a_case_conflict_and_exports_the_rest(synthetic_cour
     _legacy_gradebook(course, ["Ann", "ann", "bob"])
     roster, out = tmp_path / "roster.csv", tmp_path / "canvas.csv"
     roster.write_text(ROSTER)
-    assert canvas.main(roster, out, course_root=course) == 0, capsys.readouterr().err
+    assert canvas.main(roster, out, course_root=course) is Status.DONE, capsys.readouterr().err
     err = capsys.readouterr().err
     assert "SKIPPED, not in canvas.csv: the gradebook's student Ann (the student id differs only in case from " \
            "'ann'" in err and "student ann (the student id differs only in case from 'Ann'" in err, err

@@ -10,6 +10,7 @@ from helpers.synthetic import SYNTHETIC_LAB
 
 from lab_utils import cli, grading
 from lab_utils.grading.quality import mutate
+from lab_utils.status import Status
 
 CELL = '''def f(x, y, t, model, loss, group=None):
     """A docstring is never mutated."""
@@ -119,7 +120,7 @@ def test_mutate_grades_the_synthetic_lab_and_fails_below_min_kill(synthetic_cour
     root = tmp_path / "course"
     shutil.copytree(synthetic_course / "solutions", root / "solutions")
     out = io.StringIO()
-    assert mutate.main(SYNTHETIC_LAB, n=None, seed=0, min_kill=0.9, root=root, stream=out) == 0, out.getvalue()
+    assert mutate.main(SYNTHETIC_LAB, n=None, seed=0, min_kill=0.9, root=root, stream=out) is Status.DONE, out.getvalue()
     text = out.getvalue()
     assert "kill rate 00_synthetic: 6/6 = 100%" in text, text
     assert "SURVIVED" not in text
@@ -131,7 +132,7 @@ def test_mutate_grades_the_synthetic_lab_and_fails_below_min_kill(synthetic_cour
     cell.source = "assert twice(3) is not None"
     nbformat.write(nb, str(path))
     out = io.StringIO()
-    assert mutate.main(SYNTHETIC_LAB, n=None, seed=0, min_kill=0.9, root=root, stream=out) == 1, out.getvalue()
+    assert mutate.main(SYNTHETIC_LAB, n=None, seed=0, min_kill=0.9, root=root, stream=out) is Status.INCOMPLETE, out.getvalue()
     text = out.getvalue()
     assert "SURVIVED" in text and "+    return 3 * x" in text and "(required 90%): FAIL" in text, text
 
@@ -140,5 +141,5 @@ def test_mutate_grades_the_synthetic_lab_and_fails_below_min_kill(synthetic_cour
     (root / "grader" / "mutants").mkdir(parents=True)
     mutate.accepted_path(SYNTHETIC_LAB, root).write_text(f'[[accepted]]\nid = "{twice3.id}"\nreason = "test"\n')
     out = io.StringIO()
-    assert mutate.main(SYNTHETIC_LAB, n=None, seed=0, list_only=True, root=root, stream=out) == 0
+    assert mutate.main(SYNTHETIC_LAB, n=None, seed=0, list_only=True, root=root, stream=out) is Status.DONE
     assert twice3.id not in out.getvalue() and len(out.getvalue().splitlines()) == 5
