@@ -15,117 +15,26 @@ or scores zero carries the reason in one line (nbgrader's or the sandbox's).
 Every student folder passes the door first (``boundary.ids.scan``): an id that breaks the rule, a pair that differs
 only in case, a symlinked or unreadable folder is NOT GRADED with the reason, printed escaped, never copied or
 registered. A class folder from ``--submissions`` is the students' own upload, so its ``timestamp.txt`` files are
-dropped; the submission times are the instructor's (``--timestamps``, ``read_timestamps``). A student of the
+dropped; the submission times are the instructor's (``--timestamps``, ``inbox.read_timestamps``). A student of the
 gradebook with no submission of a lab is listed MISSING.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import stat
 import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from lab_utils import processes
 from lab_utils.grading import canary, gradebook, outcomes
-from lab_utils.grading.boundary import ids, sandbox
+from lab_utils.grading.boundary import ids, inbox, sandbox
 from lab_utils.grading.course import WORK, discover_labs, find_course_root
 from lab_utils.grading.boundary.guard import Guard, GuardError, startup_watch
 from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
 from lab_utils.grading.outcomes import Kind, Reason
-from lab_utils.grading.boundary.files import copy_submission
 from lab_utils.grading.submission import Result, grade_submission
 from lab_utils.status import Status
-
-def read_timestamps(path: Path | str) -> dict:
-    """The instructor's submission times (``--timestamps FILE``): a CSV with a header naming the columns ``student``
-    and ``timestamp`` (and ``lab``, where one student's labs differ). Returns (student, lab or None) -> the time as
-    written, each checked as nbgrader parses ``timestamp.txt``. ``ValueError`` says which row is wrong."""
-    import csv
-
-    from nbgrader.utils import parse_utc
-
-    path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            rows = list(reader)
-            columns = [(c or "").strip() for c in reader.fieldnames or []]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ValueError(f"cannot read the submission times {path}: {exc}") from None
-    if not {"student", "timestamp"} <= set(columns):
-        raise ValueError(f"{path}: no column 'student' and 'timestamp' in its header (it has: {', '.join(columns)}); "
-                         "e.g. student,timestamp / ann,2025-10-01 23:12:00 UTC")
-    times = {}
-    for n, row in enumerate(rows, start=2):
-        row = {(k or "").strip(): (v or "").strip() for k, v in row.items()}
-        try:
-            parse_utc(row["timestamp"])
-        except (ValueError, OverflowError) as exc:
-            raise ValueError(f"{path}, row {n}: {row['timestamp']!r} is not a time nbgrader reads: {exc}") from None
-        times[(row["student"], row.get("lab") or None)] = row["timestamp"]
-    return times
-
-
-STAMP = "timestamp.txt"  # nbgrader's submission time, beside the notebook
-
-
-def _collect(src: Path, submitted: Path, times: dict | None) -> tuple[list[str], list]:
-    """Copy a class folder (<student>/<lab>/...) into the course's submitted/ as data: every student folder that
-    passes the door (``ids.scan``: a real folder named by a valid id) with ``files.copy_submission`` (no link
-    followed). The student's own ``timestamp.txt`` is never kept: the submission time is the instructor's
-    (``times``, from ``--timestamps``) or none. Returns (a line for each student whose folder lost something,
-    what the door refused: (student as shown, lab or None, reason))."""
-    notes = []
-    scanned = ids.scan(src)
-    for lab, students in scanned.found.items():
-        shown = ids.shown(lab)  # a lab folder's name is the student's too
-        for student in students:
-            dest = submitted / student / lab
-            if dest.exists():
-                shutil.rmtree(dest)
-            copied = copy_submission(src / student / lab, dest)
-            if copied.left_out:
-                notes.append(f"   {student}/{shown}: {copied.note()}")
-            stamp = dest / STAMP
-            if stamp.exists() or stamp.is_symlink():
-                stamp.unlink()
-                if times is None:
-                    notes.append(f"   {student}/{shown}: its own {STAMP} is ignored (the submission time is the "
-                                 "instructor's: --timestamps FILE)")
-            if times is not None:
-                when = times.get((student, lab)) or times.get((student, None))
-                if when:
-                    stamp.write_text(when)
-                else:
-                    notes.append(f"   {student}/{shown}: no submission time in --timestamps: no late penalty")
-    return notes, scanned.refused
-
-
-# ------------------------------------------------------------------------------------------ what changed
-def submission_digest(course_root: Path, lab: str, student: str) -> str:
-    """A digest of the submission's regular files (links and special files are never opened) and of the lab's
-    source: a re-run regrades a submission when either changed. Each file is framed by its name's length, its name,
-    its kind, its length and its bytes, so no two different submissions give the same stream."""
-    sub = course_root / WORK / "submitted" / student / lab
-    h = hashlib.sha256()
-
-    def frame(*parts: bytes) -> None:
-        for part in parts:
-            h.update(len(part).to_bytes(8, "big") + part)
-
-    for dirpath, dirnames, filenames in os.walk(sub, followlinks=False):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            info = os.lstat(path)
-            regular = stat.S_ISREG(info.st_mode)
-            frame(os.fsencode(path.relative_to(sub)), b"file" if regular else f"mode {info.st_mode:o}".encode(),
-                  path.read_bytes() if regular else b"")
-    frame(b"source", (course_root / "solutions" / lab / f"{lab}.ipynb").read_bytes())
-    return h.hexdigest()
-
 
 MANIFEST = "graded.json"  # "lab/student" -> digest of the submission (and source) last graded
 
@@ -236,7 +145,7 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
           csv_path=None, jobs=1, out=print, progress=True, timestamps=None) -> Status:
     """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden
     tests), under the command's ``settings`` (default: the course's). ``timestamps``: the instructor's submission
-    times for ``submissions_dir`` (``read_timestamps``).
+    times for ``submissions_dir`` (``inbox.read_timestamps``).
 
     DONE when every submission was graded, INCOMPLETE when some could not be (listed with the reason; the rest
     are graded and exported regardless), REFUSED when the course cannot be graded here (nothing submitted, a lab with no
@@ -254,7 +163,7 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
             out("--timestamps gives the times of the submissions --submissions DIR brings in: pass both")
             return Status.REFUSED
         try:
-            times = read_timestamps(timestamps)
+            times = inbox.read_timestamps(timestamps)
         except ValueError as exc:
             out(f"cannot grade: {exc}")
             return Status.REFUSED
@@ -264,7 +173,7 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
             out(f"no such folder: {src}")
             return Status.REFUSED
         if src != submitted.resolve():
-            notes, refused = _collect(src, submitted, times)
+            notes, refused = inbox.collect(src, submitted, times)
             for note in notes:
                 out(note)
     scanned = ids.scan(submitted)  # what nbgrader collect left there passes the same door
@@ -340,7 +249,7 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
         work = course_root / WORK
         guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / outcomes.RECORD,
                        work / "submitted",
-                       *{tdir for *_, tdir in todo}, course_root / "solutions", course_root / "grader", sandbox.PKG_DIR],
+                       *{tdir for *_, tdir in todo}, course_root / "solutions", course_root / "grader", processes.PACKAGE_DIR],
                       skip=[work], watch=startup_watch())
         guard.snapshot()
     bar = None
@@ -419,7 +328,7 @@ def _fresh(course_root: Path, lab: str, students, manifest: dict) -> list:
     """(student, digest) of every submission of ``lab`` that is new or changed since it was last graded."""
     fresh = []
     for student in students:
-        digest = submission_digest(course_root, lab, student)
+        digest = inbox.submission_digest(course_root, lab, student)
         if manifest.get(f"{lab}/{student}") == digest and gradebook.cell_scores(course_root, lab, student):
             continue
         fresh.append((student, digest))

@@ -76,7 +76,7 @@ def _package_digest() -> str:
 def environment_digest(course_root: Path, lab: str, dt) -> str:
     """Everything a canary's verdict depends on under the command's settings ``dt``, as one digest (module
     docstring)."""
-    from lab_utils.grading.boundary import sandbox
+    from lab_utils.grading.boundary import mounts, sandbox
 
     try:  # the installed distribution's version: importing torch here would cost this process seconds
         torch_version = importlib.metadata.version("torch")
@@ -87,7 +87,7 @@ def environment_digest(course_root: Path, lab: str, dt) -> str:
         "config": _config_text(course_root),
         "package": _package_digest(),
         "python": sys.version, "executable": os.path.realpath(sys.executable), "torch": torch_version,
-        "sandbox": [sandbox.mode(), sandbox.bwrap_path(), sandbox.subject_user_name(), [m.dest for m in sandbox.mounts("/")]],
+        "sandbox": [sandbox.mode(), sandbox.bwrap_path(), sandbox.subject_user_name(), [m.dest for m in mounts.mounts("/")]],
         "limits": [dt.memory_mb, dt.max_procs, dt.cell_timeout, dt.sandbox],
         "tmp": os.path.realpath(tempfile.gettempdir()), "uid": os.geteuid(),
     }
@@ -217,7 +217,7 @@ def doctor(labs=None, *, course_root=None, settings=None, fix=False, out=print) 
     """``dtlabs doctor --grading``: the boundary this machine grades in (mode, what the subject sees or may not
     reach; ``fix``: create the separate user and close the course to it first) and each lab's canary graded now,
     under the command's ``settings`` (default: the course's). True if every lab can be graded here."""
-    from lab_utils.grading.boundary import sandbox
+    from lab_utils.grading.boundary import sandbox, separate_user
     from lab_utils.grading.course import discover_labs, find_course_root
 
     course_root = find_course_root(course_root)
@@ -234,7 +234,7 @@ def doctor(labs=None, *, course_root=None, settings=None, fix=False, out=print) 
         out("the subject sees (in this order):")
         out(sandbox.describe_mounts(tempfile.gettempdir() + "/<submission>", sandbox.Limits.of(settings)))
     elif box_mode == "user":
-        found = sandbox.exposure(sandbox.course_paths(course_root))
+        found = sandbox.exposure(separate_user.course_paths(course_root))
         out(f"the subject runs as {sandbox.subject_user_name()!r}; " + (
             "it can reach: " + "; ".join(found) + " (fix: dtlabs doctor --grading --fix)" if found else
             "it cannot read the course's answers or gradebooks, nor write the venv, the package or the course"))

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from lab_utils.grading import canary, gradebook, outcomes
 from lab_utils.grading.boundary import ids, sandbox
-from lab_utils.grading.batch import MANIFEST, record_lab, submission_digest
+from lab_utils.grading.batch import MANIFEST, record_lab
+from lab_utils.grading.boundary.inbox import submission_digest
 from lab_utils.grading.course import WORK, GradingError, discover_labs, submissions
 from lab_utils.grading.nbgrader_run import course_settings
 from lab_utils.grading.outcomes import Kind, Reason, of_kind

@@ -166,7 +166,7 @@ def test_a_machine_that_cannot_grade_refuses_says_why_and_writes_nothing(course,
 def test_a_subject_stopped_by_the_address_space_limit_before_the_watchdog_looks_is_named_a_memory_limit(tmp_path):
     """The race the canary test leaves to chance: the watchdog (here slowed to a minute) has not yet measured the
     subject when its small limit stops the interpreter, so the reason comes from what the subject printed."""
-    from lab_utils.grading.boundary.sandbox import Limits
+    from lab_utils.grading.boundary.watchdog import Limits
     from lab_utils.grading.split import channel
 
     work = tmp_path / "work"
@@ -186,7 +186,7 @@ def test_a_process_flood_the_watchdog_has_not_yet_seen_is_named_when_the_submiss
     """The race a loaded machine loses: a cell starts a flood of processes and the grading ends before the watchdog
     (here slowed to a minute) looks. The last look when the subject stops names the limit all the same."""
     from lab_utils.grading.boundary import sandbox
-    from lab_utils.grading.boundary.sandbox import Limits
+    from lab_utils.grading.boundary.watchdog import Limits
     from lab_utils.grading.split import channel
 
     if mode == "bwrap" and sandbox.mode() != "bwrap":

@@ -29,7 +29,7 @@ from traitlets import Unicode
 
 from lab_utils import settings
 from lab_utils.grading.course import cell_meta
-from lab_utils.grading.boundary import sandbox
+from lab_utils.grading.boundary import sandbox, separate_user
 from lab_utils.grading.outcomes import Kind, Reason
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
@@ -177,7 +177,7 @@ class SplitExecute(Execute):
         limits = settings.load(self.config)  # the run's config (the course's, the flags'), then the environment
         user_mode = sandbox.mode(limits.sandbox) == "user"
         # removed here: the kernel may die uncleaned. The separate user passes through it to its own folder, no more
-        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=sandbox.subjects_folder() if user_mode else None)
+        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=separate_user.subjects_folder() if user_mode else None)
         if user_mode:
             os.chmod(work_root, 0o711)
         self._kernel_home = tempfile.mkdtemp(prefix="dtlabs-grader-")  # the kernel's working directory, empty

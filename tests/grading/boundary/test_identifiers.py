@@ -22,8 +22,7 @@ import pytest
 from helpers.synthetic import SYNTHETIC_LAB as LAB
 
 from lab_utils import grading
-from lab_utils.grading import batch
-from lab_utils.grading.boundary import ids
+from lab_utils.grading.boundary import ids, inbox
 from lab_utils.grading.export import canvas, csvfile
 from lab_utils.grading.nbgrader_run import run_nbgrader
 from lab_utils.status import Status
@@ -178,12 +177,12 @@ def test_a_students_own_timestamp_never_reaches_the_course(tmp_path):
         (src / student / LAB).mkdir(parents=True)
         (src / student / LAB / f"{LAB}.ipynb").write_text("{}")
         (src / student / LAB / "timestamp.txt").write_text("2000-01-01 00:00:00 UTC")  # "I was early"
-    notes, refused = batch._collect(src, submitted, None)
+    notes, refused = inbox.collect(src, submitted, None)
     assert not refused and not (submitted / "ann" / LAB / "timestamp.txt").exists()
     assert any("ann/00_synthetic: its own timestamp.txt is ignored" in n for n in notes), notes
     times = tmp_path / "times.csv"
     times.write_text("student,timestamp\nann,2030-01-11 13:00:00 UTC\n")
-    notes, _ = batch._collect(src, submitted, batch.read_timestamps(times))
+    notes, _ = inbox.collect(src, submitted, inbox.read_timestamps(times))
     assert (submitted / "ann" / LAB / "timestamp.txt").read_text() == "2030-01-11 13:00:00 UTC"
     assert not (submitted / "bob" / LAB / "timestamp.txt").exists()
     assert any("bob/00_synthetic: no submission time in --timestamps" in n for n in notes), notes
@@ -193,10 +192,10 @@ def test_timestamps_that_are_not_times_are_refused_with_the_row(tmp_path):
     bad = tmp_path / "times.csv"
     bad.write_text("student,timestamp\nann,2030-01-11 13:00:00 UTC\nbob,yesterday\n")
     with pytest.raises(ValueError, match="row 3: 'yesterday'"):
-        batch.read_timestamps(bad)
+        inbox.read_timestamps(bad)
     bad.write_text("who,when\nann,2030-01-11\n")
     with pytest.raises(ValueError, match="no column 'student' and 'timestamp'"):
-        batch.read_timestamps(bad)
+        inbox.read_timestamps(bad)
 
 
 def test_two_different_submissions_never_share_a_digest(synthetic_course, tmp_path):
@@ -212,7 +211,7 @@ def test_two_different_submissions_never_share_a_digest(synthetic_course, tmp_pa
     (one / "a").write_bytes(b"")
     (one / "b").write_bytes(b"1")
     (two / "a").write_bytes(b"b\x001")
-    assert batch.submission_digest(course, LAB, "one") != batch.submission_digest(course, LAB, "two")
+    assert inbox.submission_digest(course, LAB, "one") != inbox.submission_digest(course, LAB, "two")
     (two / "a").write_bytes(b"")
     (two / "b").write_bytes(b"1")
-    assert batch.submission_digest(course, LAB, "one") == batch.submission_digest(course, LAB, "two")
+    assert inbox.submission_digest(course, LAB, "one") == inbox.submission_digest(course, LAB, "two")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.grading.boundary import sandbox
+from lab_utils.grading.boundary import mounts, sandbox
 
 ODD = "dtlabs sandbox ü"  # a space and a non-ASCII letter
 
@@ -21,7 +21,7 @@ def _covered(path: str, by: str) -> bool:
 
 
 def test_the_private_tmp_comes_before_every_bind_and_no_bind_hides_another():
-    steps = sandbox.mounts("/tmp/x y/z")
+    steps = mounts.mounts("/tmp/x y/z")
     kinds = [m.kind for m in steps]
     assert kinds[0] == "tmpfs" and steps[0].dest == "/tmp"
     assert kinds[-1] == "rw" and steps[-1].dest == "/tmp/x y/z", "the submission's folder is bound last, writable"
@@ -37,11 +37,11 @@ def test_what_the_subject_sees_is_the_interpreter_the_installation_and_the_packa
     course = tmp_path / "course"
     (course / "solutions").mkdir(parents=True)
     monkeypatch.syspath_prepend(str(course))  # a course on the path (PYTHONPATH) must never be bound
-    binds = [m.dest for m in sandbox.mounts(tmp_path / "work") if m.kind == "ro"]
+    binds = [m.dest for m in mounts.mounts(tmp_path / "work") if m.kind == "ro"]
     assert str(course) not in binds and not any(_covered(str(course), b) for b in binds if b != "/")
     real = os.path.realpath
     assert any(_covered(real(sys.prefix), b) for b in binds), "the venv is not bound"
-    assert any(_covered(str(sandbox.PKG_DIR), b) for b in binds), "the course package is not bound"
+    assert any(_covered(str(mounts.PKG_DIR), b) for b in binds), "the course package is not bound"
     assert any(_covered(real(sys.base_prefix), b) for b in binds), "the Python installation is not bound"
 
 
@@ -97,7 +97,7 @@ def test_the_sandbox_shows_no_course_and_nothing_of_the_homes_but_what_it_binds(
 
     seen = json.loads(out.strip().splitlines()[-1])
     assert seen[str(repo / "solutions")] is None and seen[str(repo / "grader")] is None, seen
-    binds = [m.dest for m in sandbox.mounts(tmp_path) if m.kind in ("ro", "rw")]
+    binds = [m.dest for m in mounts.mounts(tmp_path) if m.kind in ("ro", "rw")]
     for home in ("/home", "/root"):  # only the folders on the way to a bind exist there
         for name in seen[home] or []:
             assert any(_covered(b, f"{home}/{name}") for b in binds), f"{home}/{name} is visible: {seen}"
@@ -134,7 +134,7 @@ def test_the_font_cache_copied_in_is_the_one_matplotlib_uses(env, tmp_path, monk
         monkeypatch.setenv(key, str(tmp_path / sub))
     matplotlib_says = subprocess.run([sys.executable, "-c", "import matplotlib; print(matplotlib.get_cachedir())"],
                                      capture_output=True, text=True, check=True).stdout.strip()
-    assert Path(matplotlib_says).resolve() == sandbox._matplotlib_cache().resolve()
+    assert Path(matplotlib_says).resolve() == mounts.matplotlib_cache().resolve()
 
 
 MODE_UNDER_SECCOMP = """
