@@ -19,6 +19,16 @@ os.environ.setdefault("DTLABS_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"dtlabs-test-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or uuid.uuid4().hex}"))
 
 
+@pytest.fixture(autouse=True)
+def sandbox_choice_of_this_test(monkeypatch):
+    """The sandbox a command chose (``sandbox.choose``/``require``) lasts for its process; a test starts with none, so
+    what it sets (``DTLABS_SANDBOX``, a course's config) is what it gets, whatever ran before it on that worker."""
+    from lab_utils.grading.boundary import sandbox
+
+    monkeypatch.setattr(sandbox, "_chosen", None)
+    monkeypatch.setattr(sandbox, "_user", None)
+
+
 @pytest.fixture
 def process_token(monkeypatch):
     """A fresh token in this test's environment; every process the test starts inherits it."""
