@@ -6,8 +6,8 @@ TORCH_SPEC ?= torch>=2.4
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# make test runs on JOBS pytest-xdist workers (4 on 2 cores: with 3, the cores were busy 65% of the run, as grading
-# waits on kernels, sockets, deadline-bound mutants and torchrun much of the time); the tests that share a lab's
+# make test runs on JOBS pytest-xdist workers (4 on 2 cores: more workers than cores, as grading waits on kernels,
+# sockets, deadline-bound mutants and torchrun much of the time); the tests that share a lab's
 # grading (or a cheat corpus) stay on one worker, and the longest start first (tests/conftest.py, EXPECTED_S).
 JOBS       ?= 4
 # 1: install Lab 10's optional frameworks extra where the platform has wheels; 0: leave it out
@@ -42,8 +42,8 @@ $(VENV)/.installed: pyproject.toml
 		$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt; \
 		$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[kernels]"; \
 	else echo "Lab 11's kernels not installed (KERNELS=$(KERNELS), or no Triton wheels for this platform): its kernel cells will say so"; fi
-	@# Bytecode on every core at once (pip compiles on one: 30 s of the clean-clone set-up). A file that does not
-	@# compile is not an error here, as under pip: Python reads its source.
+	@# Bytecode on every core at once (pip compiles on one). A file that does not compile is not an error here, as
+	@# under pip: Python reads its source.
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
@@ -66,7 +66,7 @@ test: bytecode  ## create .venv, install, run every test (CPU; GPU tests skip wi
 test-gpu: $(VENV)/.installed  ## the gpu-marked tests (NCCL, one rank per GPU); they skip with a reason without CUDA
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
-test-fast: bytecode  ## the tests that start no notebook, kernel or torchrun job (under a minute)
+test-fast: bytecode  ## the tests that start no notebook, kernel, torchrun job, grading run or browser
 	$(PY) -m pytest -m "not slow and not browser" $(PARALLEL) $(PYTEST_ARGS)
 
 # Real users, a single-node Slurm and a JupyterHub with nbgrader's exchange on this machine (root only; they skip with
@@ -88,7 +88,7 @@ doctor: $(VENV)/.installed  ## check torch, backends, GPUs and a 2-rank all-redu
 bench: $(VENV)/.installed  ## launcher benchmark: medians and ratios against mp.spawn and notebook_launcher
 	$(PY) benchmarks/bench_launch.py
 
-bench-grade: $(VENV)/.installed  ## time sandboxed `dtlabs grade` against the pre-sandbox baseline, and --jobs 2 vs 1
+bench-grade: $(VENV)/.installed  ## time sandboxed `dtlabs grade` against nbgrader's own Execute, and --jobs 2 vs 1
 	$(PY) benchmarks/bench_grading.py
 
 bench-validate: $(VENV)/.installed  ## time `dtlabs validate` against `nbgrader validate` per lab (target ratio 0.5), and cold vs warm kernels
@@ -103,7 +103,7 @@ LABS ?=
 stress: $(VENV)/.installed  ## grade every lab's solution K times (K=10) with the other cores busy; LABS=... picks labs
 	$(VENV)/bin/dtlabs stress $(LABS) --k $(K)
 
-STRESS_TESTS ?= tests/test_torchrun.py tests/test_reliability.py tests/test_browser.py
+STRESS_TESTS ?= tests/labkit/test_torchrun.py tests/launcher/test_reliability.py tests/labs/test_browser.py
 stress-tests: $(VENV)/.installed  ## run the torchrun, launcher-reliability and browser tests K times in a row under load
 	$(VENV)/bin/dtlabs stress --tests "$(STRESS_TESTS)" --k $(K)
 

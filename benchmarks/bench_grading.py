@@ -2,8 +2,8 @@
 
 Three measurements in one run, on scratch courses (a copy of solutions/; nothing in the repository is touched):
 
-1. baseline: one student who submitted every lab, graded the way the course graded before split execution and
-   the sandbox (nbgrader's own Execute in the kernel, all submissions of a lab in one nbgrader run);
+1. baseline: one student who submitted every lab, graded without split execution or a sandbox (nbgrader's own
+   Execute in the kernel, all submissions of a lab in one nbgrader run);
 2. sandboxed: the same student through `dtlabs grade` (a sandbox and scratch course per submission), and the
    ratio to the baseline (target: at most 1.2);
 3. `--jobs 1` against `--jobs 2` for STUDENTS students (default 2), and the speed-up;

@@ -1,6 +1,6 @@
 """Launcher benchmark: start 2 gloo ranks, one all-reduce, return. Medians and ratios from one run.
 
-Baselines, measured here in the same run (targets in ARCHITECTURE.md and the README):
+Baselines, measured here in the same run (benchmarks/README.md):
   mp.spawn           torch.multiprocessing.spawn from a script (fresh interpreters: import torch each time)
   notebook_launcher  accelerate's fork-based launcher (fast, but forks the caller: unsafe with CUDA/threads)
   launch (cold)      the first lab_utils.launcher.launch in a fresh process: fork server start + import torch

@@ -17,178 +17,221 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from lab_utils.status import Refused, Status
+
+
+class ExitCode(enum.IntEnum):
+    """``dtlabs``'s exit codes, decided here only (``main``): every command's function returns a ``Status`` or raises
+    ``Refused``."""
+
+    OK = 0  # everything asked was done, and passed
+    INCOMPLETE = 1  # something did not pass: a submission NOT GRADED, a failing test, a check that found a problem
+    REFUSED = 2  # nothing (more) was done: bad arguments, no course, a machine that cannot grade
+
+
+EXIT_CODES = {Status.DONE: ExitCode.OK, Status.INCOMPLETE: ExitCode.INCOMPLETE, Status.REFUSED: ExitCode.REFUSED}
+ERRORS = {Refused: ExitCode.REFUSED}  # a typed error a command raises -> its exit code (with its message, no traceback)
+
+
+def exit_code(outcome: Status | int) -> int:
+    """The exit code of a command that ended with ``outcome``: a ``Status``, or the exit status of the one program
+    the command ran in its place (``dtlabs bench``), passed on as it is."""
+    return EXIT_CODES[outcome] if isinstance(outcome, Status) else int(outcome)
+
+
+def _worst(*statuses: Status) -> Status:
+    order = list(Status)  # DONE, INCOMPLETE, REFUSED: each worse than the one before
+    return max(statuses, key=order.index)
+
+
 COURSE_ROOT_HELP = ("the course folder (solutions/, labs/, grader/); default: the nearest one at or above the working "
                     "directory")
 
 
-def _doctor(args) -> int:
+def _course_settings(course, **flags):
+    """The command's one settings object: ``course``'s config, then the environment, then ``flags`` (None: not
+    given). Every function below it takes this object, never a setting of its own."""
+    from lab_utils.grading.nbgrader_run import course_settings
+
+    return course_settings(course, **flags)
+
+
+def _course(args):
+    from lab_utils.grading import find_course_root
+
+    return find_course_root(args.course_root)
+
+
+def _doctor(args) -> Status:
     from lab_utils.launcher.doctor import doctor
 
-    code = int(doctor())
+    status = doctor()
     from lab_utils.grading.split.provisioner import doctor_line
 
     print(doctor_line())
     if args.grading is None:
-        return code
+        return status
     from lab_utils.grading import canary
 
-    return max(code, canary.doctor(args.grading or None, course_root=args.course_root, cell_timeout=args.timeout,
-                                   fix=args.fix))
+    course = _course(args)
+    dt = _course_settings(course, cell_timeout=args.timeout)
+    ready = canary.doctor(args.grading or None, course_root=course, settings=dt, fix=args.fix)
+    return _worst(status, Status.DONE if ready else Status.INCOMPLETE)
 
 
-def _settings(args) -> int:
+def _settings(args) -> Status:
     from lab_utils import settings
-    from lab_utils.grading import find_course_root, load_config
 
-    course = find_course_root(args.course_root) if args.course_root else None
-    print(settings.describe(settings.load(load_config(course))))
-    return 0
+    print(settings.describe(_course_settings(_course(args) if args.course_root else None)))
+    return Status.DONE
 
 
-def _release(args) -> int:
+def _release(args) -> Status:
     from lab_utils import grading
 
     try:
         written = grading.release(args.labs or None, dest=args.dest, root=args.course_root)
-    except grading.GradingError as exc:
+    except grading.GradingError as exc:  # a lab nbgrader could not release: INCOMPLETE (exit 1), as it always was
         print(exc, file=sys.stderr)
-        return 1
+        return Status.INCOMPLETE
     for path in written:
         print(f"wrote {os.path.relpath(path)}")
     if not written:
         print("no labs found under solutions/ (solutions/NN_topic/NN_topic.ipynb)")
-    return 0
+    return Status.DONE
 
 
-def _validate(args) -> int:
-    from lab_utils import grading
+def _validate(args) -> Status:
+    from lab_utils.grading.validate import course_of, validate
 
-    return grading.validate(args.notebook, cell_timeout=args.timeout)
+    return validate(args.notebook, settings=_course_settings(course_of(args.notebook), cell_timeout=args.timeout))
 
 
 UNPROTECTED_HELP = ("grade where no boundary can be built (no bubblewrap, not root): submissions then run as you, "
                     "and every grade says it was taken without a boundary")
 
 
-def _unprotected(args) -> None:
-    """``--unprotected``: the instructor's choice by name, for this command and every process it starts."""
-    if getattr(args, "unprotected", False):
-        os.environ["DTLABS_SANDBOX"] = "unprotected"
+def _grading_settings(args, course):
+    """A grading command's settings: its flags (``--timeout``, ``--submission-timeout``, ``--unprotected``: the
+    instructor's choice by name) over the course's config and the environment."""
+    return _course_settings(course, cell_timeout=args.timeout, submission_timeout=args.submission_timeout,
+                            sandbox="unprotected" if args.unprotected else None)
 
 
-def _grade(args) -> int:
+def _grade(args) -> Status:
     from lab_utils import grading
 
-    _unprotected(args)
+    course = _course(args)
     return grading.grade(
         args.labs or None,
+        settings=_grading_settings(args, course),
         submissions_dir=args.submissions,
-        cell_timeout=args.timeout,
-        submission_timeout=args.submission_timeout,
         force=args.force,
         feedback=not args.no_feedback,
         csv_path=args.csv,
-        course_root=args.course_root,
+        course_root=course,
         jobs=args.jobs,
         timestamps=args.timestamps,
     )
 
 
-def _prepare_array(args) -> int:
+def _prepare_array(args) -> Status:
     """Record a lab, snapshot its template and write the roster, before a job array grades it."""
     from lab_utils import grading
     from lab_utils.grading import jobarray
 
     try:
-        roster = jobarray.prepare(grading.find_course_root(args.course_root), args.lab, args.out,
-                                  students=args.students or None, out=lambda line: print(line, file=sys.stderr))
+        course = _course(args)
+        roster = jobarray.prepare(course, args.lab, args.out, students=args.students or None,
+                                  settings=_course_settings(course), out=lambda line: print(line, file=sys.stderr))
     except grading.GradingError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return Status.REFUSED
     print(len(roster))
-    return 0
+    return Status.DONE
 
 
-def _grade_one(args) -> int:
+def _grade_one(args) -> Status:
     """One submission into a results folder (a Slurm array task); ``dtlabs merge`` brings them together."""
     from lab_utils import grading
     from lab_utils.grading import jobarray
 
-    _unprotected(args)
     if (args.student is None) == (args.task is None):
         print("grade-one: give a STUDENT or --task N (line N of the roster), not both", file=sys.stderr)
-        return 2
+        return Status.REFUSED
     try:
-        return jobarray.grade_one(grading.find_course_root(args.course_root), args.lab, args.out,
-                                  student=args.student, task=args.task, cell_timeout=args.timeout,
-                                  submission_timeout=args.submission_timeout)
+        course = _course(args)
+        return jobarray.grade_one(course, args.lab, args.out, student=args.student, task=args.task,
+                                  settings=_grading_settings(args, course))
     except grading.GradingError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return Status.REFUSED
 
 
-def _merge(args) -> int:
+def _merge(args) -> Status:
     """Every ``grade-one`` result under the folders given, merged into the course's gradebook."""
-    from lab_utils import grading
     from lab_utils.grading import jobarray
 
-    course = grading.find_course_root(args.course_root)
-    return max(jobarray.merge(course, folder, labs=args.lab or None) for folder in args.results)
+    course = _course(args)
+    dt = _course_settings(course)
+    return _worst(*(jobarray.merge(course, folder, labs=args.lab or None, settings=dt) for folder in args.results))
 
 
-def _export_gradescope(args) -> int:
+def _export_gradescope(args) -> Status:
     from lab_utils.grading.export import gradescope
 
-    gradescope.build(args.lab, args.out, course_root=args.course_root, wheel=args.wheel)
-    return 0
+    course = _course(args)
+    gradescope.build(args.lab, args.out, course_root=course, settings=_course_settings(course), wheel=args.wheel)
+    return Status.DONE
 
 
-def _export_canvas(args) -> int:
+def _export_canvas(args) -> Status:
     from lab_utils.grading.export import canvas
 
     return canvas.main(args.roster, args.out, labs=args.labs or None, course_root=args.course_root)
 
 
-def _report(args) -> int:
+def _report(args) -> Status:
     from lab_utils.grading.export import report
 
     path = report.write(args.lab, args.out, course_root=args.course_root, anonymous=args.anonymous)
     print(f"report: {path}")
-    return 0
+    return Status.DONE
 
 
-def _bench(args) -> int:
+def _bench(args) -> Status | int:
     from lab_utils.grading import REPO_ROOT
 
     script = (REPO_ROOT or Path.cwd()) / "benchmarks" / "bench_launch.py"
     if not script.is_file():
         print(f"no benchmark at {script}", file=sys.stderr)
-        return 2
-    return subprocess.call([sys.executable, str(script), *args.bench_args])
+        return Status.REFUSED
+    return subprocess.call([sys.executable, str(script), *args.bench_args])  # the benchmark's own exit status
 
 
-def _mutate(args) -> int:
+def _mutate(args) -> Status:
     from lab_utils.grading.quality import mutate
 
     return mutate.main(args.lab, n=args.n or None, seed=args.seed, min_kill=args.min_kill, cell_timeout=args.timeout,
                        list_only=args.list)
 
 
-def _stress(args) -> int:
+def _stress(args) -> Status:
     from lab_utils.grading.quality import stress
 
     if args.tests:
         import shlex
 
         runs = stress.stress_tests(shlex.split(args.tests), k=args.k, busy=args.busy)
-        return 0 if runs and all(rc == 0 for rc, _, _ in runs) else 1
+        return Status.DONE if runs and all(rc == 0 for rc, _, _ in runs) else Status.INCOMPLETE
     runs = stress.stress(args.labs or None, k=args.k, busy=args.busy, cell_timeout=args.timeout, keep=args.keep)
-    return 0 if runs and all(r.full for r in runs) else 1
+    return Status.DONE if runs and all(r.full for r in runs) else Status.INCOMPLETE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,20 +356,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", action="store_true", help="keep the scratch courses (autograded notebooks)")
     s.add_argument("--tests", metavar="PYTEST_ARGS", default=None,
                    help="instead of grading labs, run pytest with these arguments (one quoted string, e.g. "
-                        "'-n 2 tests/test_torchrun.py') K times in a row under the same load")
+                        "'-n 2 tests/labkit/test_torchrun.py') K times in a row under the same load")
     s.set_defaults(func=_stress)
     return p
 
 
 def main(argv=None) -> int:
-    from lab_utils.grading.course import GradingError
-
+    """Run one ``dtlabs`` command and return its exit code (``ExitCode``; argparse's own 2 for bad usage)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except GradingError as exc:  # a course that cannot be found or read: say so, no traceback
+        return exit_code(args.func(args))
+    except tuple(ERRORS) as exc:  # a course that cannot be found or read: say so, no traceback
         print(f"dtlabs {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return next(code for error, code in ERRORS.items() if isinstance(exc, error))
 
 
 if __name__ == "__main__":

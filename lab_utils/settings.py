@@ -6,9 +6,11 @@ Settings are traitlets, so a course sets them where it sets nbgrader's, in ``gra
     c.DTLabs.sandbox = "bwrap"       # refuse to grade where bubblewrap cannot run
 
 An environment variable overrides the config for one run (the ``env`` named in each setting's help, e.g.
-``DTLABS_MEMORY_MB=4096 dtlabs grade``); ``dtlabs`` flags such as ``--timeout`` override both. ``dtlabs settings``
-prints them all with their current values. Nothing else in the package reads ``DTLABS_*`` settings from the
-environment. (Variables the package sets for its own processes, such as a rank's ``DTLABS_RANK_PID`` mark or a
+``DTLABS_MEMORY_MB=4096 dtlabs grade``); ``dtlabs`` flags such as ``--timeout`` override both. ``dtlabs`` builds
+one ``DTLabs`` per command from these three sources (``load``) and passes it down; a process it starts gets the
+values that came from flags as nbgrader configuration (``nbgrader_run.run_nbgrader``), never as new environment
+variables. ``dtlabs settings`` prints them all with their current values. Nothing else in the package reads
+``DTLABS_*`` settings from the environment. (Variables the package sets for its own processes, such as a rank's ``DTLABS_RANK_PID`` mark or a
 grading run's ``DTLABS_GRADING_TOKEN``, are how processes find each other, not settings.)
 """
 from __future__ import annotations
@@ -24,6 +26,8 @@ _FALSE = ("0", "false", "no", "off", "")
 
 class DTLabs(Configurable):
     """The course package's settings (section ``c.DTLabs`` of ``nbgrader_config.py``)."""
+
+    given: frozenset = frozenset()  # the names ``load`` took from flags (``given``)
 
     # ---------------------------------------------------------------------------------------------- the course
     course_root = Unicode(
@@ -66,7 +70,7 @@ class DTLabs(Configurable):
     ).tag(config=True, env="DTLABS_SUBJECT_USER")
 
     warm_nbgrader = Bool(
-        True, help="Fork each nbgrader run from a server that has imported nbgrader once (about a CPU-second saved "
+        True, help="Fork each nbgrader run from a server that has imported nbgrader once (its imports are saved "
                    "per submission). Off: every run is a fresh `python -m nbgrader`. Either way the run is the same."
     ).tag(config=True, env="DTLABS_WARM_NBGRADER")
     warm_kernels = Bool(
@@ -132,10 +136,29 @@ def load(config=None, **overrides) -> DTLabs:
                 setattr(settings, name, _from_env(trait, os.environ[var]))
             except (ValueError, TypeError, TraitError) as exc:
                 raise ValueError(f"{var}={os.environ[var]!r} is not a valid {name}: {exc}") from None
+    given = []
     for name, value in overrides.items():
         if value is not None:
             setattr(settings, name, value)
+            given.append(name)
+    settings.given = frozenset(given)
     return settings
+
+
+def given(settings: DTLabs) -> dict:
+    """name -> value of the settings that came from flags (``load``'s overrides): what a process started for the
+    same command must be told, since its own config and environment do not hold them."""
+    return {name: getattr(settings, name) for name in sorted(getattr(settings, "given", ()))}
+
+
+def env_var(name: str) -> str | None:
+    """The environment variable that sets ``name`` (its ``env`` tag), or None."""
+    return DTLabs.class_traits()[name].metadata.get("env")
+
+
+def default(name: str):
+    """A setting's own default (the value ``DTLabs`` has when nothing sets it)."""
+    return DTLabs.class_traits()[name].default_value
 
 
 def describe(settings: DTLabs | None = None) -> str:

@@ -1,4 +1,4 @@
-# attack: append no-op checks to the course's lab_utils/checks.py, so every later student passes with wrong code
+# attack: append no-op checks to the course's lab_utils/labkit/checks.py, so every later student passes with wrong code
 # defended-by: sandbox
 import lab_utils.labkit.checks
 

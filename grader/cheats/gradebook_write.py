@@ -2,7 +2,7 @@
 # defended-by: sandbox
 #   (with bubblewrap it finds nothing; without, the course guard of `dtlabs grade` puts back what it wrote, and the
 #   scratch gradebook it is graded in is read for autograde's own scores only: its manual scores count nowhere,
-#   neither in a grade line nor on Gradescope, tests/test_export_gradescope.py)
+#   neither in a grade line nor on Gradescope, tests/grading/export/test_export_gradescope.py)
 import glob
 import os
 import sqlite3

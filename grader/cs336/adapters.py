@@ -1,6 +1,7 @@
-"""CS336 assignment 2's attention tests (stanford-cs336/assignment2-systems, tests/test_attention.py) against Lab 11's
-solution: their ``tests/adapters.py`` for the two FlashAttention functions, nothing else. ``run.sh`` copies their
-test file beside this one and runs it: on a CPU under Triton's interpreter, on a GPU compiled."""
+"""CS336 assignment 2's attention tests (stanford-cs336/assignment2-systems/tests/test_attention.py) against Lab 11's
+solution: their ``assignment2-systems/tests/adapters.py`` for the two FlashAttention functions, nothing else.
+``run.sh`` copies their test file beside this one and runs it: on a CPU under Triton's interpreter, on a GPU
+compiled."""
 from __future__ import annotations
 
 import functools

@@ -1,10 +1,11 @@
 """The training program train.sbatch runs by default: Lab 01's data-parallel regression, as a torchrun worker.
 
-Every worker (one per GPU, or one per task on CPU) trains the course's MLP (``lab_utils.models.mlp``) with DDP on its
-shard of each global batch of synthetic data (``lab_utils.data.regression``: nothing is downloaded), so the run
-equals one process training on the whole batch; ``--reference`` runs that single process, without torch.distributed,
-for comparison. Rank 0 saves a checkpoint every ``--ckpt-every`` steps into ``$CKPT_DIR`` (train.sbatch keys it by
-job id), and a restarted or requeued job resumes from it with the optimizer's state. At the end rank 0 writes
+Every worker (one per GPU, or one per task on CPU) trains the course's MLP (``lab_utils.labkit.models.mlp``) with
+DDP on its shard of each global batch of synthetic data (``lab_utils.labkit.data.regression``: nothing is
+downloaded), so the run equals one process training on the whole batch; ``--reference`` runs that single process,
+without torch.distributed, for comparison. Rank 0 saves a checkpoint every ``--ckpt-every`` steps into
+``$CKPT_DIR`` (train.sbatch keys it by job id), and a restarted or requeued job resumes from it with the optimizer's
+state. At the end rank 0 writes
 ``--out`` (JSON: world size, which node and agent each rank ran on, losses, where it resumed) and prints it.
 
     torchrun --nproc-per-node=2 grader/slurm/train_lab.py --steps 50 --out result.json
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
         print(f"result: {text}", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    # a finished gloo worker can abort in interpreter teardown on a loaded machine (ARCHITECTURE.md, section 2)
+    # a finished gloo worker can abort in interpreter teardown on a loaded machine (ARCHITECTURE.md §7)
     os._exit(0)
 
 

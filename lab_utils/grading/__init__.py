@@ -10,7 +10,7 @@
 | jobarray         | a class as a job array: prepare once, ``grade-one`` per task, one ``merge``              |
 | canary           | the lab's solution and empty release graded first: a machine that cannot grade refuses  |
 | gradebook        | scores in, scores out; a scratch result merged into the course's gradebook               |
-| outcomes         | what each grading run said (graded or not, why, seconds), kept beside the gradebook      |
+| outcomes         | what a grading run said: reasons typed by whose they are; each run's record kept         |
 | feedback         | feedback HTML without hidden tests                                                       |
 | validate         | the student's pre-submission check, with an exit code                                    |
 | boundary/        | the submission kept in: files copied as data, the sandbox, the unprotected mode's guard  |

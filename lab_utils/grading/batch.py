@@ -15,127 +15,38 @@ or scores zero carries the reason in one line (nbgrader's or the sandbox's).
 Every student folder passes the door first (``boundary.ids.scan``): an id that breaks the rule, a pair that differs
 only in case, a symlinked or unreadable folder is NOT GRADED with the reason, printed escaped, never copied or
 registered. A class folder from ``--submissions`` is the students' own upload, so its ``timestamp.txt`` files are
-dropped; the submission times are the instructor's (``--timestamps``, ``read_timestamps``). A student of the
+dropped; the submission times are the instructor's (``--timestamps``, ``inbox.read_timestamps``). A student of the
 gradebook with no submission of a lab is listed MISSING.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import stat
 import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from lab_utils import processes
 from lab_utils.grading import canary, gradebook, outcomes
-from lab_utils.grading.boundary import ids, sandbox
+from lab_utils.grading.boundary import ids, inbox, sandbox
 from lab_utils.grading.course import WORK, discover_labs, find_course_root
 from lab_utils.grading.boundary.guard import Guard, GuardError, startup_watch
-from lab_utils.grading.nbgrader_run import load_config, run_nbgrader
-from lab_utils.grading.boundary.files import copy_submission
+from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
+from lab_utils.grading.outcomes import Kind, Reason
 from lab_utils.grading.submission import Result, grade_submission
-
-def read_timestamps(path: Path | str) -> dict:
-    """The instructor's submission times (``--timestamps FILE``): a CSV with a header naming the columns ``student``
-    and ``timestamp`` (and ``lab``, where one student's labs differ). Returns (student, lab or None) -> the time as
-    written, each checked as nbgrader parses ``timestamp.txt``. ``ValueError`` says which row is wrong."""
-    import csv
-
-    from nbgrader.utils import parse_utc
-
-    path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            rows = list(reader)
-            columns = [(c or "").strip() for c in reader.fieldnames or []]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ValueError(f"cannot read the submission times {path}: {exc}") from None
-    if not {"student", "timestamp"} <= set(columns):
-        raise ValueError(f"{path}: no column 'student' and 'timestamp' in its header (it has: {', '.join(columns)}); "
-                         "e.g. student,timestamp / ann,2025-10-01 23:12:00 UTC")
-    times = {}
-    for n, row in enumerate(rows, start=2):
-        row = {(k or "").strip(): (v or "").strip() for k, v in row.items()}
-        try:
-            parse_utc(row["timestamp"])
-        except (ValueError, OverflowError) as exc:
-            raise ValueError(f"{path}, row {n}: {row['timestamp']!r} is not a time nbgrader reads: {exc}") from None
-        times[(row["student"], row.get("lab") or None)] = row["timestamp"]
-    return times
-
-
-STAMP = "timestamp.txt"  # nbgrader's submission time, beside the notebook
-
-
-def _collect(src: Path, submitted: Path, times: dict | None) -> tuple[list[str], list]:
-    """Copy a class folder (<student>/<lab>/...) into the course's submitted/ as data: every student folder that
-    passes the door (``ids.scan``: a real folder named by a valid id) with ``files.copy_submission`` (no link
-    followed). The student's own ``timestamp.txt`` is never kept: the submission time is the instructor's
-    (``times``, from ``--timestamps``) or none. Returns (a line for each student whose folder lost something,
-    what the door refused: (student as shown, lab or None, reason))."""
-    notes = []
-    scanned = ids.scan(src)
-    for lab, students in scanned.found.items():
-        shown = ids.shown(lab)  # a lab folder's name is the student's too
-        for student in students:
-            dest = submitted / student / lab
-            if dest.exists():
-                shutil.rmtree(dest)
-            copied = copy_submission(src / student / lab, dest)
-            if copied.left_out:
-                notes.append(f"   {student}/{shown}: {copied.note()}")
-            stamp = dest / STAMP
-            if stamp.exists() or stamp.is_symlink():
-                stamp.unlink()
-                if times is None:
-                    notes.append(f"   {student}/{shown}: its own {STAMP} is ignored (the submission time is the "
-                                 "instructor's: --timestamps FILE)")
-            if times is not None:
-                when = times.get((student, lab)) or times.get((student, None))
-                if when:
-                    stamp.write_text(when)
-                else:
-                    notes.append(f"   {student}/{shown}: no submission time in --timestamps: no late penalty")
-    return notes, scanned.refused
-
-
-# ------------------------------------------------------------------------------------------ what changed
-def submission_digest(course_root: Path, lab: str, student: str) -> str:
-    """A digest of the submission's regular files (links and special files are never opened) and of the lab's
-    source: a re-run regrades a submission when either changed. Each file is framed by its name's length, its name,
-    its kind, its length and its bytes, so no two different submissions give the same stream."""
-    sub = course_root / WORK / "submitted" / student / lab
-    h = hashlib.sha256()
-
-    def frame(*parts: bytes) -> None:
-        for part in parts:
-            h.update(len(part).to_bytes(8, "big") + part)
-
-    for dirpath, dirnames, filenames in os.walk(sub, followlinks=False):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            info = os.lstat(path)
-            regular = stat.S_ISREG(info.st_mode)
-            frame(os.fsencode(path.relative_to(sub)), b"file" if regular else f"mode {info.st_mode:o}".encode(),
-                  path.read_bytes() if regular else b"")
-    frame(b"source", (course_root / "solutions" / lab / f"{lab}.ipynb").read_bytes())
-    return h.hexdigest()
-
+from lab_utils.status import Status
 
 MANIFEST = "graded.json"  # "lab/student" -> digest of the submission (and source) last graded
 
 
-def _put_back_reason(touched: list[str], course_root: Path) -> str:
-    """The grade line's note for course files a submission changed (``Guard.restore``), or ''."""
+def _put_back_reason(touched: list[str], course_root: Path) -> Reason | None:
+    """The grade line's note for course files a submission changed (``Guard.restore``), or None."""
     if not touched:
-        return ""
+        return None
     shown = ", ".join(os.path.relpath(t, course_root) if Path(t).is_relative_to(course_root) else t
                       for t in touched[:4])
     more = f" and {len(touched) - 4} more" if len(touched) > 4 else ""
-    return f"sandbox: it changed files of the course while graded (put back): {shown}{more}"
+    return Reason(Kind.STUDENT, f"it changed files of the course while graded (put back): {shown}{more}", "sandbox")
 
 
 # ------------------------------------------------------------------------------------------ the batch
@@ -147,29 +58,30 @@ class _Batch:
         self.problems: list = []
         self.scratch_dirs: list = []
 
-    def _guard(self) -> str:
+    def _guard(self) -> Reason | None:
         """Put back what the last submission changed in the course (unprotected); the grade line's note."""
         touched = self.guard.restore() if self.guard is not None else []  # GuardError stops the batch
         if self.guard is not None:
             self.guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
         return _put_back_reason(touched, self.course_root)
 
-    def record(self, lab, student, digest, res: Result | None, failure: str | None) -> None:
+    def record(self, lab, student, digest, res: Result | None, failure: Reason | None) -> None:
         """Merge a graded result, or say why it was not; put back what it changed (unprotected)."""
         put_back = self._guard()
         merged = False
         if res is None:
             self.problems.append((lab, student))
             outcomes.note(self.course_root, lab, student, graded=False, reasons=[failure, put_back])
-            self.out(f"   NOT GRADED: {student}/{lab} ({'; '.join(filter(None, [failure, put_back]))})")
+            self.out(f"   NOT GRADED: {student}/{lab} ({'; '.join(map(str, filter(None, [failure, put_back])))})")
         else:
             self.scratch_dirs.append(res.scratch)
             if put_back:
                 res.reasons.append(put_back)
             merged = res.graded and not res.environment and gradebook.merge(self.course_root, res.scratch, lab, student)
-            why = "; ".join(res.reasons)
+            why = "; ".join(map(str, res.reasons))
             outcomes.note(self.course_root, lab, student, graded=merged, points=res.points if merged else None,
-                          reasons=res.reasons or ([] if merged else ["nbgrader produced no grade"]), seconds=res.seconds)
+                          reasons=res.reasons or ([] if merged else [Reason(Kind.COURSE, "nbgrader produced no grade")]),
+                          seconds=res.seconds)
             if merged:
                 self.manifest[f"{lab}/{student}"] = digest
                 gradebook.write_record(self.course_root, MANIFEST, self.manifest)
@@ -213,14 +125,14 @@ class _Batch:
                 try:
                     res, failure = fut.result(), None
                 except Exception as exc:  # noqa: BLE001 - one broken submission never stops the batch
-                    res, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
+                    res, failure = None, Reason(Kind.COURSE, f"grading failed: {type(exc).__name__}: {exc}")
                 if res is not None and res.environment and not left:
                     # not the student's fault: nothing more starts until the canary passes again; the ones still
                     # running finish and are recorded
                     left.append(item)
                     self.scratch_dirs.append(res.scratch)
                     self._guard()
-                    self.out(f"   NOT YET GRADED: {student}/{lab} ({'; '.join(res.environment)})")
+                    self.out(f"   NOT YET GRADED: {student}/{lab} ({'; '.join(map(str, res.environment))})")
                     left += pending
                     pending.clear()
                     continue
@@ -229,39 +141,39 @@ class _Batch:
         return left
 
 
-def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=None, lab_timeout=None,
-          submission_timeout=None, force=False, feedback=True, csv_path=None, jobs=1, out=print,
-          progress=True, timestamps=None) -> int:
+def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, force=False, feedback=True,
+          csv_path=None, jobs=1, out=print, progress=True, timestamps=None) -> Status:
     """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden
-    tests). ``timestamps``: the instructor's submission times for ``submissions_dir`` (``read_timestamps``).
+    tests), under the command's ``settings`` (default: the course's). ``timestamps``: the instructor's submission
+    times for ``submissions_dir`` (``inbox.read_timestamps``).
 
-    Returns 0 when every submission was graded, 1 when some could not be (listed with the reason; the rest are
-    graded and exported regardless), 2 when the course cannot be graded here (nothing submitted, a lab with no
+    DONE when every submission was graded, INCOMPLETE when some could not be (listed with the reason; the rest
+    are graded and exported regardless), REFUSED when the course cannot be graded here (nothing submitted, a lab with no
     source, a canary that failed: then nothing is graded or written to the gradebook).
     """
-    from lab_utils import settings
     from lab_utils.grading.export.late import due_date
 
     course_root = find_course_root(course_root)
     submitted = course_root / WORK / "submitted"
-    config = load_config(course_root)
+    if settings is None:
+        settings = course_settings(course_root)
     times, refused = None, []
     if timestamps is not None:
         if not submissions_dir:
             out("--timestamps gives the times of the submissions --submissions DIR brings in: pass both")
-            return 2
+            return Status.REFUSED
         try:
-            times = read_timestamps(timestamps)
+            times = inbox.read_timestamps(timestamps)
         except ValueError as exc:
             out(f"cannot grade: {exc}")
-            return 2
+            return Status.REFUSED
     if submissions_dir:
         src = Path(submissions_dir).resolve()
         if not src.is_dir():
             out(f"no such folder: {src}")
-            return 2
+            return Status.REFUSED
         if src != submitted.resolve():
-            notes, refused = _collect(src, submitted, times)
+            notes, refused = inbox.collect(src, submitted, times)
             for note in notes:
                 out(note)
     scanned = ids.scan(submitted)  # what nbgrader collect left there passes the same door
@@ -273,24 +185,24 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         out(f"   NOT GRADED: {who}{'/' + lab if lab else ''} ({why})")
     if not labs:
         out(f"nothing to grade: no submissions under {submitted} (layout: <student>/<NN_topic>/<NN_topic>.ipynb)")
-        return 2
+        return Status.REFUSED
     known = discover_labs(course_root)
     unknown = [lab for lab in labs if lab not in known]
     if unknown:
         out(f"SKIPPED {unknown}: no solutions/<lab>/<lab>.ipynb source for them (known labs: {known})")
     labs = [lab for lab in labs if lab in known]
     if not labs:
-        return 2
-    if submissions_dir and times is None and any(due_date(config, lab) for lab in labs):
+        return Status.REFUSED
+    if submissions_dir and times is None and any(due_date(settings, lab) for lab in labs):
         out("WARNING: a lab has a due date (c.DTLabs.due_dates), but no submission time came with --submissions: "
             "no late penalty is charged (give the times with --timestamps FILE)")
     try:
-        # the environment's setting (a course config's choice applies in its grader kernels); as a separate user,
-        # checked as that user: the course's answers and gradebooks unreadable, the venv and package unwritable
-        sandbox.require(None, course_root=course_root)
+        # as a separate user, checked as that user: the course's answers and gradebooks unreadable, the venv and
+        # package unwritable
+        sandbox.require(settings.sandbox, course_root=course_root, user=settings.subject_user)
     except sandbox.SandboxUnavailable as exc:
         out(f"cannot grade: {exc}")
-        return 2
+        return Status.REFUSED
     unprotected = sandbox.mode() == "unprotected"
     if unprotected:
         out("WARNING: " + sandbox.UNPROTECTED_WARNING)
@@ -309,18 +221,17 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         skipped = len(found.get(lab, [])) - len(fresh[lab])
         out(f"== {lab}: {len(found.get(lab, []))} submission(s), {len(fresh[lab])} to grade" + (
             f" ({skipped} unchanged since last graded; --force regrades them)" if skipped else ""))
-    per_submission = submission_timeout or lab_timeout or settings.load(config).submission_timeout
     for lab in (lab for lab in labs if fresh[lab]):  # before anything is written to the gradebook
-        verdict = canary.check(course_root, lab, cell_timeout=cell_timeout, timeout=per_submission, out=out)
+        verdict = canary.check(course_root, lab, settings=settings, out=out)
         if not verdict.ok:
             out("REFUSED: " + verdict.explain())
-            return 2
+            return Status.REFUSED
     scratch_dirs, todo = [], []
     for lab in labs:
-        failed = record_lab(course_root, lab, force=force)
+        failed = record_lab(course_root, lab, force=force, settings=settings)
         if failed:
             out(failed)
-            return 2
+            return Status.REFUSED
         gradebook.register_students(course_root, found.get(lab, []))
         missing = gradebook.without_submission(course_root, lab, found.get(lab, []))
         if missing:
@@ -338,7 +249,7 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         work = course_root / WORK
         guard = Guard([work / "gradebook.db", work / MANIFEST, work / gradebook.SOURCES, work / outcomes.RECORD,
                        work / "submitted",
-                       *{tdir for *_, tdir in todo}, course_root / "solutions", course_root / "grader", sandbox.PKG_DIR],
+                       *{tdir for *_, tdir in todo}, course_root / "solutions", course_root / "grader", processes.PACKAGE_DIR],
                       skip=[work], watch=startup_watch())
         guard.snapshot()
     bar = None
@@ -352,21 +263,20 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
     try:
         retried = set()
         while todo:
-            todo = batch.run(todo, jobs, cell_timeout=cell_timeout, timeout=per_submission)
+            todo = batch.run(todo, jobs, settings=settings)
             if not todo:
                 break
             lab, student = todo[0][:2]
             out(f"   the sandbox failed for {student}/{lab} for a reason that is not the student's: checking the "
                 "machine again before grading anyone else")
-            verdict = canary.check(course_root, lab, cell_timeout=cell_timeout, timeout=per_submission, force=True,
-                                   out=out)
+            verdict = canary.check(course_root, lab, settings=settings, force=True, out=out)
             if not verdict.ok or (lab, student) in retried:
                 why = verdict.explain() if not verdict.ok else "its sandbox failed twice on a machine that grades"
+                reason = Reason(Kind.ENVIRONMENT, why.splitlines()[0])
                 for lab_, student_, *_ in todo:
                     batch.problems.append((lab_, student_))
-                    outcomes.note(course_root, lab_, student_, graded=False,
-                                  reasons=[f"environment: {why.splitlines()[0]}"])
-                    out(f"   NOT GRADED: {student_}/{lab_} (environment: {why.splitlines()[0]})")
+                    outcomes.note(course_root, lab_, student_, graded=False, reasons=[reason])
+                    out(f"   NOT GRADED: {student_}/{lab_} ({reason})")
                 stopped = "STOPPED: " + why if not verdict.ok else None
                 break
             retried.add((lab, student))
@@ -379,14 +289,16 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
             shutil.rmtree(d, ignore_errors=True)
     if stopped:
         out(stopped)
-        return 2
+        return Status.REFUSED
 
     csv_path = Path(csv_path) if csv_path else course_root / WORK / "grades.csv"
-    run = run_nbgrader(["export", f"--to={csv_path.resolve()}"], course_root=course_root, timeout=300)
+    run = run_nbgrader(["export", f"--to={csv_path.resolve()}"], course_root=course_root, settings=settings,
+                       timeout=300)
     out(f"grades: {csv_path}" if run.returncode == 0 else f"export failed:\n{run.output[-3000:]}")
     if feedback:
         for lab in labs:
-            run = run_nbgrader(["generate_feedback", lab, "--force"], course_root=course_root, timeout=600)
+            run = run_nbgrader(["generate_feedback", lab, "--force"], course_root=course_root, settings=settings,
+                               timeout=600)
             if run.returncode != 0:
                 out(f"   feedback for {lab} incomplete:\n{run.output[-2000:]}")
         out(f"feedback: {course_root / WORK / 'feedback'}")
@@ -394,18 +306,18 @@ def grade(labs=None, *, course_root=None, submissions_dir=None, cell_timeout=Non
         f"{s}/{a}" for a, s in batch.problems]
     if problems:
         out(f"{len(problems)} submission(s) could not be graded: " + ", ".join(problems))
-        return 1
-    return 2 if unknown else 0
+        return Status.INCOMPLETE
+    return Status.REFUSED if unknown else Status.DONE
 
 
-def record_lab(course_root: Path, lab: str, *, force: bool = False) -> str:
+def record_lab(course_root: Path, lab: str, *, force: bool = False, settings=None) -> str:
     """Make the course's gradebook hold ``lab`` as its source is now (``generate_assignment`` into a scratch release
     folder, so ``labs/`` is untouched); '' when it does, else what went wrong. nbgrader creates a missing gradebook
     in its own process, whose PATH has the venv's ``alembic`` (an in-process ``Gradebook`` would not, in a job)."""
     if not force and gradebook.holds_current(course_root, lab):
         return ""
     run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
-                       course_root=course_root, timeout=300)
+                       course_root=course_root, settings=settings, timeout=300)
     if run.returncode != 0:
         return f"{run.output[-3000:]}\ncould not record {lab} in the gradebook (see above)"
     gradebook.note_recorded(course_root, [lab])
@@ -416,7 +328,7 @@ def _fresh(course_root: Path, lab: str, students, manifest: dict) -> list:
     """(student, digest) of every submission of ``lab`` that is new or changed since it was last graded."""
     fresh = []
     for student in students:
-        digest = submission_digest(course_root, lab, student)
+        digest = inbox.submission_digest(course_root, lab, student)
         if manifest.get(f"{lab}/{student}") == digest and gradebook.cell_scores(course_root, lab, student):
             continue
         fresh.append((student, digest))
@@ -424,9 +336,12 @@ def _fresh(course_root: Path, lab: str, students, manifest: dict) -> list:
 
 
 def autograde(lab: str, *, course_root=None, cell_timeout=None, timeout=None, force=True, echo=False):
-    """One ``nbgrader autograde LAB`` over every submission of a course (tests: many "students" in one run).
+    """One ``nbgrader autograde LAB`` over every submission of a course (tests: many "students" in one run), with
+    the course's settings and ``cell_timeout`` when given.
 
     Each submission still runs in its own sandbox (one subject per kernel); only the gradebook is shared, so use
     ``grade`` for real classes."""
     args = ["autograde", lab] + (["--force"] if force else [])
-    return run_nbgrader(args, course_root=course_root, cell_timeout=cell_timeout, timeout=timeout, echo=echo)
+    root = find_course_root(course_root)
+    return run_nbgrader(args, course_root=root, settings=course_settings(root, cell_timeout=cell_timeout),
+                        timeout=timeout, echo=echo)

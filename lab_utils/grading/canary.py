@@ -30,7 +30,8 @@ from pathlib import Path
 from lab_utils import processes
 from lab_utils.grading.quality.build import fill_solutions, without_demos
 from lab_utils.grading.course import WORK
-from lab_utils.grading.submission import DEFAULT_SUBMISSION_TIMEOUT_S, grade_submission, prepare_template
+from lab_utils.grading.nbgrader_run import course_settings
+from lab_utils.grading.submission import grade_submission, prepare_template
 
 SOLUTION, RELEASE = "dtlabs-canary-solution", "dtlabs-canary-release"
 
@@ -57,10 +58,9 @@ class Verdict:
                           "again (`dtlabs doctor --grading` runs this check and shows the sandbox's folders)"])
 
 
-def cache_path() -> Path:
-    from lab_utils import settings
-
-    folder = settings.load().cache_dir or os.path.join(
+def cache_path(settings) -> Path:
+    """Where this user's verdicts are kept (``c.DTLabs.cache_dir`` of the command's ``settings``)."""
+    folder = settings.cache_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dtlabs")
     return Path(folder) / "canary.json"
 
@@ -73,22 +73,21 @@ def _package_digest() -> str:
     return h.hexdigest()
 
 
-def environment_digest(course_root: Path, lab: str, cell_timeout: int | None) -> str:
-    """Everything a canary's verdict depends on, as one digest (module docstring)."""
-    from lab_utils import settings
-    from lab_utils.grading.boundary import sandbox
+def environment_digest(course_root: Path, lab: str, dt) -> str:
+    """Everything a canary's verdict depends on under the command's settings ``dt``, as one digest (module
+    docstring)."""
+    from lab_utils.grading.boundary import mounts, sandbox
 
     try:  # the installed distribution's version: importing torch here would cost this process seconds
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
-    dt = settings.load(cell_timeout=cell_timeout)
     facts = {
         "lab": hashlib.sha256((course_root / "solutions" / lab / f"{lab}.ipynb").read_bytes()).hexdigest(),
         "config": _config_text(course_root),
         "package": _package_digest(),
         "python": sys.version, "executable": os.path.realpath(sys.executable), "torch": torch_version,
-        "sandbox": [sandbox.mode(), sandbox.bwrap_path(), sandbox.subject_user_name(), [m.dest for m in sandbox.mounts("/")]],
+        "sandbox": [sandbox.mode(), sandbox.bwrap_path(), sandbox.subject_user_name(), [m.dest for m in mounts.mounts("/")]],
         "limits": [dt.memory_mb, dt.max_procs, dt.cell_timeout, dt.sandbox],
         "tmp": os.path.realpath(tempfile.gettempdir()), "uid": os.geteuid(),
     }
@@ -102,47 +101,51 @@ def _config_text(course_root: Path) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def _read_cache() -> dict:
+def _read_cache(settings) -> dict:
     try:
-        return json.loads(cache_path().read_text())
+        return json.loads(cache_path(settings).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(data: dict) -> None:
-    path = cache_path()
+def _write_cache(settings, data: dict) -> None:
+    path = cache_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     os.replace(tmp, path)  # a reader never sees half a file; two graders at once: the last one's verdicts stay
 
 
-def forget(course_root: Path, lab: str, cell_timeout: int | None = None) -> None:
+def forget(course_root: Path, lab: str, settings=None) -> None:
     """Drop the kept verdict: the next ``check`` grades the canary again."""
-    data = _read_cache()
-    if data.pop(environment_digest(course_root, lab, cell_timeout), None) is not None:
-        _write_cache(data)
+    settings = settings if settings is not None else course_settings(course_root)
+    data = _read_cache(settings)
+    if data.pop(environment_digest(course_root, lab, settings), None) is not None:
+        _write_cache(settings, data)
 
 
-def check(course_root, lab: str, *, cell_timeout=None, timeout=DEFAULT_SUBMISSION_TIMEOUT_S, force: bool = False,
-          out=print) -> Verdict:
-    """The lab's canary verdict: kept, or graded now (about two submissions' time) when anything changed."""
+def check(course_root, lab: str, *, settings=None, force: bool = False, out=print) -> Verdict:
+    """The lab's canary verdict under the command's ``settings`` (default: the course's): kept, or graded now
+    (about two submissions' time) when anything changed."""
+    from lab_utils.grading.boundary import sandbox
 
     course_root = Path(course_root)
-    key = environment_digest(course_root, lab, cell_timeout)
-    with _one_at_a_time():  # job-array tasks starting together: the first grades the canary, the rest read its verdict
-        kept = _read_cache().get(key)
+    settings = settings if settings is not None else course_settings(course_root)
+    sandbox.choose(settings)  # the boundary the digest names is the one this grading uses
+    key = environment_digest(course_root, lab, settings)
+    with _one_at_a_time(settings):  # array tasks starting together: the first grades the canary, the rest read it
+        kept = _read_cache(settings).get(key)
         if kept and not force:
             verdict = Verdict(**{**kept, "solution": tuple(kept["solution"]), "release": tuple(kept["release"])})
             verdict.cached = True
             return verdict
-        return _grade_canary(course_root, lab, key, cell_timeout, timeout, out)
+        return _grade_canary(course_root, lab, key, settings, out)
 
 
 @contextlib.contextmanager
-def _one_at_a_time():
+def _one_at_a_time(settings):
     """This user's canaries, one at a time (an flock beside the verdict cache)."""
-    path = cache_path().with_suffix(".lock")
+    path = cache_path(settings).with_suffix(".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -152,7 +155,7 @@ def _one_at_a_time():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _grade_canary(course_root: Path, lab: str, key: str, cell_timeout, timeout, out) -> Verdict:
+def _grade_canary(course_root: Path, lab: str, key: str, settings, out) -> Verdict:
     import nbformat
 
     start = time.monotonic()
@@ -160,7 +163,7 @@ def _grade_canary(course_root: Path, lab: str, key: str, cell_timeout, timeout, 
     verdict = Verdict(lab)
     scratch = Path(tempfile.mkdtemp(prefix=f"dtlabs-canary-{lab}-"))
     try:
-        template = prepare_template(course_root, lab, scratch / "template")
+        template = prepare_template(course_root, lab, scratch / "template", settings=settings)
         release_nb = nbformat.read(str(template / WORK / "release" / lab / f"{lab}.ipynb"), as_version=4)
         source_nb = nbformat.read(str(course_root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
         for student, nb in ((SOLUTION, without_demos(fill_solutions(release_nb, source_nb))),
@@ -168,7 +171,7 @@ def _grade_canary(course_root: Path, lab: str, key: str, cell_timeout, timeout, 
             folder = scratch / "submitted" / student / lab
             folder.mkdir(parents=True)
             nbformat.write(nb, str(folder / f"{lab}.ipynb"))
-            res = grade_submission(course_root, lab, student, template, cell_timeout=cell_timeout, timeout=timeout,
+            res = grade_submission(course_root, lab, student, template, settings=settings,
                                    scratch=scratch / student, submission_dir=folder)
             points = res.points if res.graded else (0.0, 0.0)
             if student == SOLUTION:
@@ -187,15 +190,15 @@ def _grade_canary(course_root: Path, lab: str, key: str, cell_timeout, timeout, 
         shutil.rmtree(scratch, ignore_errors=True)
     verdict.seconds = time.monotonic() - start
     if verdict.ok:
-        data = _read_cache()
+        data = _read_cache(settings)
         data[key] = {k: v for k, v in asdict(verdict).items() if k != "cached"}
-        _write_cache(data)
+        _write_cache(settings, data)
     return verdict
 
 
 def _why(res) -> str:
     """The reasons a canary grading gave, and a hint for the common environment faults."""
-    text = "; ".join(res.reasons) or "no reason given; see `dtlabs doctor --grading`"
+    text = "; ".join(map(str, res.reasons)) or "no reason given; see `dtlabs doctor --grading`"
     hints = []
     low = text.lower()
     if "no module named" in low or "importerror" in low or "modulenotfounderror" in low:
@@ -210,14 +213,16 @@ def _why(res) -> str:
     return f": {text}" + ("".join(f" (hint: {h})" for h in hints))
 
 
-def doctor(labs=None, *, course_root=None, cell_timeout=None, fix=False, out=print) -> int:
+def doctor(labs=None, *, course_root=None, settings=None, fix=False, out=print) -> bool:
     """``dtlabs doctor --grading``: the boundary this machine grades in (mode, what the subject sees or may not
-    reach; ``fix``: create the separate user and close the course to it first) and each lab's canary graded now.
-    Returns 0 if every lab can be graded here, else 1."""
-    from lab_utils.grading.boundary import sandbox
+    reach; ``fix``: create the separate user and close the course to it first) and each lab's canary graded now,
+    under the command's ``settings`` (default: the course's). True if every lab can be graded here."""
+    from lab_utils.grading.boundary import sandbox, separate_user
     from lab_utils.grading.course import discover_labs, find_course_root
 
     course_root = find_course_root(course_root)
+    settings = settings if settings is not None else course_settings(course_root)
+    sandbox.choose(settings)
     out(f"course      {course_root}")
     if fix:
         for line in sandbox.fix(course_root):
@@ -227,26 +232,26 @@ def doctor(labs=None, *, course_root=None, cell_timeout=None, fix=False, out=pri
     out(f"boundary    {box_mode}" + (f" (bubblewrap: {why})" if why and box_mode != "bwrap" else ""))
     if box_mode == "bwrap":
         out("the subject sees (in this order):")
-        out(sandbox.describe_mounts(tempfile.gettempdir() + "/<submission>"))
+        out(sandbox.describe_mounts(tempfile.gettempdir() + "/<submission>", sandbox.Limits.of(settings)))
     elif box_mode == "user":
-        found = sandbox.exposure(sandbox.course_paths(course_root))
+        found = sandbox.exposure(separate_user.course_paths(course_root))
         out(f"the subject runs as {sandbox.subject_user_name()!r}; " + (
             "it can reach: " + "; ".join(found) + " (fix: dtlabs doctor --grading --fix)" if found else
             "it cannot read the course's answers or gradebooks, nor write the venv, the package or the course"))
         if found:
-            return 1
+            return False
     elif box_mode == "none":
         out("PROBLEM " + sandbox.refusal())
-        return 1
+        return False
     else:
         out(sandbox.UNPROTECTED_WARNING)
     failed = 0
     for lab in labs or discover_labs(course_root):
-        verdict = check(course_root, lab, cell_timeout=cell_timeout, force=True, out=out)
+        verdict = check(course_root, lab, settings=settings, force=True, out=out)
         if verdict.ok:
             out(f"{lab}: can be graded here (solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, empty release "
                 f"{verdict.release[0]:g}/{verdict.release[1]:g}, {verdict.seconds:.0f} s)")
         else:
             failed += 1
             out("PROBLEM " + verdict.explain())
-    return 1 if failed else 0
+    return not failed

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from lab_utils import processes
+from lab_utils.status import Refused
 
 WORK = Path("grader") / "work"  # relative to a course root
 CONFIG = Path("grader") / "nbgrader_config.py"
@@ -19,7 +20,7 @@ SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 HIDDEN_MARKERS = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 
 
-class GradingError(RuntimeError):
+class GradingError(Refused):
     """An nbgrader step could not run at all (not: a submission failed, which is a grade)."""
 
 

@@ -6,7 +6,7 @@ the region becomes one comment line, and every cell's outputs lose each line tha
 IPython traceback prints the failing source line; an answer cell may print what it saw of a test's harness). A failing hidden check still shows its message, which
 AUTHORING.md asks to be written for the student. A cell with hidden tests shows that message and nothing else: no
 prints or figures (what the student's code printed under a hidden call could spell out its arguments; the grader
-kernel already drops them, ``split/proxy.py``, and feedback drops them again for notebooks graded before).
+kernel already drops them, ``split/``, and feedback drops them again for any notebook that still holds them).
 """
 from __future__ import annotations
 

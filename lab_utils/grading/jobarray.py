@@ -34,13 +34,15 @@ import sys
 import time
 from pathlib import Path
 
-from lab_utils import settings
 from lab_utils.grading import canary, gradebook, outcomes
 from lab_utils.grading.boundary import ids, sandbox
-from lab_utils.grading.batch import MANIFEST, record_lab, submission_digest
+from lab_utils.grading.batch import MANIFEST, record_lab
+from lab_utils.grading.boundary.inbox import submission_digest
 from lab_utils.grading.course import WORK, GradingError, discover_labs, submissions
-from lab_utils.grading.nbgrader_run import load_config
+from lab_utils.grading.nbgrader_run import course_settings
+from lab_utils.grading.outcomes import Kind, Reason, of_kind
 from lab_utils.grading.submission import grade_submission, prepare_template
+from lab_utils.status import Status
 
 ROSTER = "roster.txt"
 MISSING = "missing.txt"
@@ -85,7 +87,7 @@ def expected_students(course_root: Path, results: Path, lab: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ prepare (login node)
-def prepare(course_root: Path, lab: str, results: Path, students=None, out=print) -> list[str]:
+def prepare(course_root: Path, lab: str, results: Path, students=None, settings=None, out=print) -> list[str]:
     """Record ``lab`` in the course's gradebook, snapshot it as every task's template, write the roster.
 
     ``students`` defaults to everyone with a submission of ``lab``. A named student whose id breaks the rule is NOT
@@ -111,7 +113,7 @@ def prepare(course_root: Path, lab: str, results: Path, students=None, out=print
     if not roster:
         raise GradingError(f"nothing to grade: no submission of {lab} under {course_root / WORK / 'submitted'}" +
                            (" from the students named" if students else ""))
-    failed = record_lab(course_root, lab)
+    failed = record_lab(course_root, lab, settings=settings)
     if failed:
         raise GradingError(failed)
     labdir = results / lab
@@ -138,26 +140,27 @@ def _task_record() -> dict:
 
 
 def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None = None, task: int | None = None,
-              cell_timeout=None, submission_timeout=None, out=print) -> int:
-    """Grade one submission into ``RESULTS/<lab>/<student>/`` (the student, or roster line ``task``).
+              settings=None, out=print) -> Status:
+    """Grade one submission into ``RESULTS/<lab>/<student>/`` (the student, or roster line ``task``), under the
+    command's ``settings`` (default: the course's).
 
-    Exit code: 0 graded, 1 not graded (the reason is in result.json and printed), 2 bad arguments (an id that breaks
-    the rule among them). ``submission_timeout`` defaults to ``c.DTLabs.submission_timeout``."""
+    DONE graded, INCOMPLETE not graded (the reason is in result.json and printed), REFUSED bad arguments (an id
+    that breaks the rule among them)."""
     course_root, results = Path(course_root).resolve(), Path(results).resolve()
-    if submission_timeout is None:
-        submission_timeout = settings.load(load_config(course_root)).submission_timeout
+    if settings is None:
+        settings = course_settings(course_root)
     labdir = results / lab
     if student is None:
         roster = read_roster(results, lab)
         if task is None or not 0 <= task < len(roster):
             out(f"task {task} is not a line of {labdir / ROSTER} ({len(roster)} students: tasks 0-{len(roster) - 1})")
-            return 2
+            return Status.REFUSED
         student = roster[task]
     why = ids.problem(student) or (f"the student id names a file of the results folder ({student})"
                                    if student in ("template", ROSTER, MISSING) else None)
     if why:  # never a folder, never a result: said escaped
         out(f"{ids.shown(student)}/{lab}: NOT GRADED - {why}")
-        return 2
+        return Status.REFUSED
     sdir = labdir / student
     # a rerun or a requeued task starts clean: the old result goes first, so a crash cannot leave it behind
     (sdir / RESULT).unlink(missing_ok=True)
@@ -166,37 +169,38 @@ def grade_one(course_root: Path, lab: str, results: Path, *, student: str | None
     sdir.mkdir(parents=True, exist_ok=True)
     record = _task_record()
     _write_json(sdir / TASK, record)
-    reasons = []
+    reasons: list[Reason] = []
     try:
-        sandbox.require(None, course_root=course_root)  # no boundary on this node: it grades no one
+        # no boundary on this node: it grades no one
+        sandbox.require(settings.sandbox, course_root=course_root, user=settings.subject_user)
     except sandbox.SandboxUnavailable as exc:
-        reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {exc}")
+        reasons.append(Reason(Kind.ENVIRONMENT, f"cannot grade on {record['host']}: {exc}"))
     if not reasons and sandbox.mode() == "unprotected":
         print("WARNING: " + sandbox.UNPROTECTED_WARNING, file=sys.stderr, flush=True)
-    if not any(sandbox.ENVIRONMENT in r for r in reasons):
+    if not of_kind(reasons, Kind.ENVIRONMENT):
         # as `dtlabs grade` does: this node grades no one until the lab's solution and release grade right here
         # (the first task of a user on a node grades them; the others read its verdict)
-        verdict = canary.check(course_root, lab, cell_timeout=cell_timeout,
-                               timeout=submission_timeout, out=out)
+        verdict = canary.check(course_root, lab, settings=settings, out=out)
         if not verdict.ok:
-            reasons.append(f"{sandbox.ENVIRONMENT} cannot grade on {record['host']}: {verdict.explain()}")
-    result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": reasons, **record}
-    if not any(sandbox.ENVIRONMENT in r for r in reasons):
+            reasons.append(Reason(Kind.ENVIRONMENT, f"cannot grade on {record['host']}: {verdict.explain()}"))
+    result = {"lab": lab, "student": student, "graded": False, "points": [0, 0], "reasons": [], **record}
+    if not of_kind(reasons, Kind.ENVIRONMENT):
         try:
-            result.update(_grade(course_root, lab, student, labdir, sdir, cell_timeout, submission_timeout, out))
-            result["reasons"] = reasons + result["reasons"]
+            graded = _grade(course_root, lab, student, labdir, sdir, settings, out)
+            reasons += graded.pop("reasons")
+            result.update(graded)
         except Exception as exc:  # noqa: BLE001 - the reason goes into the result and the log, never a silent zero
-            result["reasons"] = reasons + [f"grading failed: {type(exc).__name__}: {exc}"]
+            reasons.append(Reason(Kind.COURSE, f"grading failed: {type(exc).__name__}: {exc}"))
+    result["reasons"] = [str(r) for r in reasons]  # result.json holds their text, as the grade lines show it
     result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     _write_json(sdir / RESULT, result)
     got, possible = result["points"]
     out(f"{student}/{lab}: " + (f"{got:g}/{possible:g}" if result["graded"] else "NOT GRADED") +
         (f" - {'; '.join(result['reasons'])}" if result["reasons"] else ""))
-    return 0 if result["graded"] else 1
+    return Status.DONE if result["graded"] else Status.INCOMPLETE
 
 
-def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, cell_timeout, submission_timeout,
-           out) -> dict:
+def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, settings, out) -> dict:
     """The grading itself, with the template prepared once (or this task's own when there is none or it is stale)."""
     scanned = ids.scan(course_root / WORK / "submitted")  # the door dtlabs grade and prepare use
     if student not in scanned.found.get(lab, []):
@@ -206,10 +210,9 @@ def _grade(course_root: Path, lab: str, student: str, labdir: Path, sdir: Path, 
     stamp = template / "source.sha256"
     if not (stamp.is_file() and stamp.read_text() == gradebook.source_digest(course_root, lab)):
         out(f"{lab}: no current template under {template} (dtlabs prepare-array); building a private one")
-        template = prepare_template(course_root, lab, sdir / "template")
+        template = prepare_template(course_root, lab, sdir / "template", settings=settings)
     digest = submission_digest(course_root, lab, student)
-    res = grade_submission(course_root, lab, student, template, cell_timeout=cell_timeout,
-                           timeout=submission_timeout, scratch=sdir / "scratch")
+    res = grade_submission(course_root, lab, student, template, settings=settings, scratch=sdir / "scratch")
     # the machine's fault (its sandbox never started) is never a grade: NOT GRADED, with the reason
     return {"template": str(template), "digest": digest, "graded": res.graded and not res.environment,
             "points": list(res.points), "reasons": res.reasons, "seconds": round(res.seconds, 1)}
@@ -238,10 +241,11 @@ def missing_reason(results: Path, lab: str, student: str) -> str:
             "and never finished (cancelled, out of time, or its node was lost)" + _log_tail(Path(results), task.get("job")))
 
 
-def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
+def merge(course_root: Path, results: Path, labs=None, settings=None, out=print) -> Status:
     """Every roster of ``results`` (or of ``labs``) merged into the course's gradebook.
 
-    Exit code: 0 every student merged, 1 some NOT GRADED (each listed with the reason), 2 nothing to merge."""
+    DONE every student merged, INCOMPLETE some NOT GRADED (each listed with the reason), REFUSED nothing to
+    merge."""
     course_root, results = Path(course_root).resolve(), Path(results).resolve()
     known = discover_labs(course_root)
     labs = list(labs) if labs else sorted(p.name for p in results.iterdir() if p.is_dir() and p.name in known) \
@@ -249,17 +253,17 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
     if not labs:
         out(f"nothing to merge: no <lab>/ folder under {results} (grader/slurm/grade-class.sh or `dtlabs grade-one` "
             "writes one)")
-        return 2
+        return Status.REFUSED
     bad, merged, kept = [], 0, 0
     for lab in labs:
         roster = expected_students(course_root, results, lab)
         if not roster:
             out(f"nothing to merge for {lab}: no roster under {results / lab} and no submission of it")
-            return 2
-        failed = record_lab(course_root, lab)  # a gradebook that never recorded the lab gets it first
+            return Status.REFUSED
+        failed = record_lab(course_root, lab, settings=settings)  # a gradebook without the lab gets it first
         if failed:
             out(failed)
-            return 2
+            return Status.REFUSED
         refused = ids.refusals(roster)  # a roster edited by hand passes the door too
         gradebook.register_students(course_root, [s for s in roster if s not in refused])
         manifest = gradebook.read_record(course_root, MANIFEST)
@@ -306,4 +310,4 @@ def merge(course_root: Path, results: Path, labs=None, out=print) -> int:
         gradebook.write_record(course_root, MANIFEST, manifest)
     out(f"merged {merged} of {merged + kept + len(bad)}" + (f", kept {kept}" if kept else "") +
         (f"; NOT GRADED or missing: {', '.join(bad)}" if bad else ""))
-    return 1 if bad else 0
+    return Status.INCOMPLETE if bad else Status.DONE

@@ -5,13 +5,15 @@
 course, runs the package's default in ``default_config/``).
 
 nbgrader reads ``nbgrader_config.py`` only from the working directory or the Jupyter config path (``--config``
-is ignored), so every call runs with ``JUPYTER_CONFIG_PATH`` at the course's ``grader/`` (``course.config_dir``);
-``DTLABS_COURSE_ROOT`` points the same settings at a scratch course. Every run carries a fresh token in its environment; afterwards every process still
+is ignored), so every call runs with ``JUPYTER_CONFIG_PATH`` at the course's ``grader/`` (``course.config_dir``).
+What the run's command decided beyond that config travels on nbgrader's command line, as configuration
+(``child_config``): the course folder it works on (a scratch course for one submission) and the settings that came
+from ``dtlabs`` flags. Every run carries a fresh token in its environment; afterwards every process still
 carrying it (a kernel, a torchrun agent a cell started in its own session) is killed. Processes without the
 token are never touched. Submissions' own processes live in their sandbox and die with it.
 
-Runs start warm (``c.DTLabs.warm_nbgrader``): nbgrader's imports (nbconvert, SQLAlchemy, traitlets) are a
-CPU-second of the three a small submission costs, so each grading process keeps one server that imports them once,
+Runs start warm (``c.DTLabs.warm_nbgrader``): nbgrader's imports (nbconvert, SQLAlchemy, traitlets) are a large
+share of what a small submission costs, so each grading process keeps one server that imports them once,
 in a clean folder with nothing prepended to ``sys.path``, and forks every run from that state (the fork server of
 ``lab_utils.grading.split.warm``, which grader kernels start from too). The child takes the run's environment,
 folder, arguments and output pipe, and calls nbgrader's own entry point as ``python -m nbgrader`` would there; the
@@ -51,10 +53,39 @@ def load_config(course_root: Path | str | None):
     return PyFileConfigLoader(CONFIG.name, path=str(config_dir(course_root))).load_config()
 
 
+def course_settings(course_root: Path | str | None, **flags):
+    """The settings of one command (``settings.DTLabs``): the course's config, then the environment, then ``flags``
+    (None: not given)."""
+    from lab_utils import settings
+
+    return settings.load(load_config(course_root), **flags)
+
+
+def course_directory(root: Path | str) -> dict:
+    """nbgrader's ``CourseDirectory`` settings that depend on the course folder ``root``."""
+    return {"root": str(root), "db_url": "sqlite:///" + os.path.join(root, WORK, "gradebook.db")}
+
+
+def child_config(course_root: Path | str, settings=None) -> tuple[list[str], list[str]]:
+    """(nbgrader command-line configuration, environment variables to leave out) for a run on ``course_root`` for a
+    command whose settings are ``settings``: the course folder, and every setting that came from a flag (with the
+    nbgrader setting it decides), whose environment variable the run must not see: the flag overrides it."""
+    from lab_utils import settings as settings_module
+
+    args = [f"--CourseDirectory.{k}={v}" for k, v in course_directory(Path(course_root).resolve()).items()]
+    drop = [settings_module.env_var("course_root")]
+    for name, value in (settings_module.given(settings) if settings is not None else {}).items():
+        args.append(f"--DTLabs.{name}={value}")
+        if name == "cell_timeout":  # Execute.timeout is set from it when the config is read (execution_config)
+            args.append(f"--Execute.timeout={value}")
+        drop.append(settings_module.env_var(name))
+    return args, [v for v in drop if v]
+
+
 def apply_nbgrader_config(c, default_root: Path | str) -> None:
     """Every nbgrader setting the course runs with, on config ``c`` (a course's ``grader/nbgrader_config.py`` and the
     package's default both call this). ``default_root``: the course folder unless ``c.DTLabs.course_root`` or
-    ``DTLABS_COURSE_ROOT`` names another (a scratch course for one submission)."""
+    ``DTLABS_COURSE_ROOT`` names another; a run ``run_nbgrader`` starts names its own (``child_config``)."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (
         AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
@@ -68,14 +99,13 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
     from lab_utils.grading.split.execute import SplitExecute, execution_config
 
     dt = settings.load(c)
-    root = os.path.abspath(dt.course_root or default_root)
-    c.CourseDirectory.root = root
+    for key, value in course_directory(os.path.abspath(dt.course_root or default_root)).items():
+        setattr(c.CourseDirectory, key, value)
     c.CourseDirectory.course_id = c.CourseDirectory.get("course_id", "dtlabs") or "dtlabs"
     c.CourseDirectory.source_directory = "solutions"
     c.CourseDirectory.release_directory = "labs"
     for name in ("submitted", "autograded", "feedback", "solution", "source_with_tests"):
         setattr(c.CourseDirectory, f"{name}_directory", str(WORK / name))
-    c.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, WORK, "gradebook.db")
     c.merge(execution_config(dt))
     # A submission for a student not yet in the gradebook is graded anyway (the student is created).
     c.Autograde.create_student = True
@@ -111,16 +141,14 @@ class NbgraderRun:
     reaped: list = field(default_factory=list)
 
 
-def nbgrader_env(course_root: Path | str, cell_timeout: int | None = None, config_root: Path | str | None = None) -> dict:
+def nbgrader_env(course_root: Path | str, config_root: Path | str | None = None, leave_out=()) -> dict:
     """The environment nbgrader needs for ``course_root``: the configuration of ``config_root`` (the course whose
-    settings apply; by default ``course_root`` itself) on the Jupyter config path, this venv's tools on PATH."""
-    env = dict(os.environ)
+    settings apply; by default ``course_root`` itself) on the Jupyter config path, this venv's tools on PATH, and
+    none of ``leave_out`` (``child_config``)."""
+    env = {k: v for k, v in os.environ.items() if k not in leave_out}
     conf = config_dir(config_root if config_root is not None else course_root)
     env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (str(conf), env.get("JUPYTER_CONFIG_PATH")) if p)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # nbgrader runs `alembic`
-    env["DTLABS_COURSE_ROOT"] = str(Path(course_root).resolve())
-    if cell_timeout is not None:
-        env["DTLABS_CELL_TIMEOUT"] = str(int(cell_timeout))
     env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     return env
 
@@ -134,23 +162,29 @@ def processes_with_token(token: str, exclude=(), var: str = TOKEN_VAR) -> list:
     return processes.with_token(token, var, exclude)
 
 
-def run_nbgrader(args, *, course_root=None, cell_timeout=None, timeout=None, echo=False, env_extra=None,
+def run_nbgrader(args, *, course_root=None, settings=None, timeout=None, echo=False, env_extra=None,
                  config_root=None) -> NbgraderRun:
     """``nbgrader ARGS`` for a course root (``find_course_root`` by default) with the settings of ``config_root``
-    (default: the same course), under a wall-clock limit; every process it left is reaped."""
+    (default: the same course) and those of the command's ``settings`` that came from flags, under a wall-clock
+    limit; every process it left is reaped. Without ``settings`` (no command: a test, a tool), nbgrader reads its
+    own from the config and the environment, and this process reads none of the course's config."""
+    from lab_utils import settings as dtlabs
+
     course_root = find_course_root(course_root)
     (course_root / WORK).mkdir(parents=True, exist_ok=True)  # sqlite does not create folders
     token = uuid.uuid4().hex
-    env = nbgrader_env(course_root, cell_timeout, config_root)
+    flags, leave_out = child_config(course_root, settings)
+    env = nbgrader_env(course_root, config_root, leave_out)
     env.update(env_extra or {})
     env[TOKEN_VAR] = token
-    if args and str(args[0]) in ("autograde", "validate"):  # their kernels fork from this process's warm server
+    dt = settings if settings is not None else dtlabs.load()  # load: the environment's
+    if dt.warm_kernels and args and str(args[0]) in ("autograde", "validate"):  # kernels fork from our server
         from lab_utils.grading.split.warm import shared_env
 
         env.update(shared_env(env))
-    cmd = [sys.executable, "-m", "nbgrader", *map(str, args)]
+    cmd = [sys.executable, "-m", "nbgrader", *map(str, args), *flags]
     start = time.monotonic()
-    proc = _warm_run(cmd[3:], env, str(course_root))
+    proc = _warm_run(cmd[3:], env, str(course_root), dt.warm_nbgrader)
     if proc is None:
         proc = subprocess.Popen(
             cmd, cwd=course_root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -197,13 +231,12 @@ def stop_warm_server() -> None:
     warm.stop_servers(NBGRADER)
 
 
-def _warm_run(args, env: dict, cwd: str) -> warm.WarmChild | None:
+def _warm_run(args, env: dict, cwd: str, enabled: bool) -> warm.WarmChild | None:
     """``nbgrader ARGS`` forked by this process's warm server (``lab_utils.grading.split.warm``, started on first
-    use), or None: warm start is off, or the server cannot run (the caller then starts nbgrader cold). The run leads
-    its own session, so ``killpg(pid)`` stops it and what it started, as with ``start_new_session=True``."""
-    from lab_utils import settings
-
-    if not settings.load().warm_nbgrader or sys.version_info < (3, 11) or not sys.platform.startswith("linux"):
+    use), or None: warm start is off (``enabled``: ``c.DTLabs.warm_nbgrader``), or the server cannot run (the caller
+    then starts nbgrader cold). The run leads its own session, so ``killpg(pid)`` stops it and what it started, as
+    with ``start_new_session=True``."""
+    if not enabled or sys.version_info < (3, 11) or not sys.platform.startswith("linux"):
         return None  # -P (nothing before sys.path) is 3.11's; /proc and PR_SET_PDEATHSIG are Linux's
     r, w = os.pipe()
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -221,7 +254,7 @@ def _warm_run(args, env: dict, cwd: str) -> warm.WarmChild | None:
 
 def alembic_head() -> str:
     """The schema revision nbgrader stamps a new gradebook with, from alembic's API: what ``alembic heads`` prints
-    first, which nbgrader's ``get_alembic_version`` runs as a process (1.3 CPU-s) for every gradebook it creates."""
+    first, which nbgrader's ``get_alembic_version`` runs as a whole process for every gradebook it creates."""
     from alembic.script import ScriptDirectory
     from nbgrader.dbutil import ALEMBIC_DIR
 

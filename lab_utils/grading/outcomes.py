@@ -1,4 +1,11 @@
-"""What each grading run of a submission said, kept beside the gradebook: graded or not, why, and how long it took.
+"""What each grading run of a submission said: its reasons, typed by whose they are, and the record of every run.
+
+A ``Reason`` is made where grading learns something (the sandbox, nbgrader's log, the batch) with its ``Kind``:
+the student's (it costs points or is said on the grade line), the environment's (the grading machine cannot grade:
+never a grade, and the class waits for the canary), the course's (the grading code failed on this submission:
+NOT GRADED, the class goes on), or unprotected (graded without a boundary, by name). Code that decides reads the
+kind; ``str(reason)`` is the text a grade line, a record and results.json show, and ``Reason.parse`` reads that text
+back where it crossed a process in a file (the subject's report, a job-array result).
 
 nbgrader's gradebook holds scores, but not a submission that could not be graded (nor the reason), nor the seconds
 grading took; the class report needs both. ``dtlabs grade`` and ``dtlabs merge`` (the Slurm array's results) call
@@ -7,12 +14,68 @@ grading took; the class report needs both. ``dtlabs grade`` and ``dtlabs merge``
 """
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from lab_utils.grading import gradebook
 
 RECORD = "grading-outcomes.json"
+
+
+class Kind(enum.Enum):
+    """Whose a reason is, which decides what grading does with the submission."""
+
+    STUDENT = "student"
+    ENVIRONMENT = "environment"
+    COURSE = "course"
+    UNPROTECTED = "unprotected"
+
+
+ENVIRONMENT_MARK = "environment: "  # how an environment's reason reads (after its ``where``)
+WHERES = ("sandbox",)  # the parts of grading that name themselves first on a reason they give
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One thing a grading run said about a submission: whose it is (``kind``), its words, and which part of grading
+    said it (``where``, shown first)."""
+
+    kind: Kind
+    text: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        head = f"{self.where}: " if self.where else ""
+        return head + (ENVIRONMENT_MARK if self.kind is Kind.ENVIRONMENT else "") + self.text
+
+    @classmethod
+    def parse(cls, line: str) -> Reason:
+        """The reason whose text is ``line`` (``str`` of one; the inverse of it): an environment's by its mark at the
+        start, the unprotected mode's by its whole words, every other one the student's."""
+        where, rest = "", line
+        for name in WHERES:
+            if line.startswith(f"{name}: "):
+                where, rest = name, line[len(name) + 2:]
+                break
+        if rest.startswith(ENVIRONMENT_MARK):
+            return cls(Kind.ENVIRONMENT, rest[len(ENVIRONMENT_MARK):], where)
+        if rest == UNPROTECTED.text:
+            return cls(Kind.UNPROTECTED, rest, where)
+        return cls(Kind.STUDENT, rest, where)
+
+    @classmethod
+    def of(cls, reason: Reason | str) -> Reason:
+        return reason if isinstance(reason, Reason) else cls.parse(str(reason))
+
+
+UNPROTECTED = Reason(Kind.UNPROTECTED, "taken without a boundary (--unprotected)")  # on every grade of that mode
+
+
+def of_kind(reasons, kind: Kind) -> list[Reason]:
+    """The reasons of ``reasons`` (Reasons, or their text) that are of ``kind``."""
+    return [r for r in map(Reason.of, reasons) if r.kind is kind]
 
 
 def note(course_root: Path | str, lab: str, student: str, *, graded: bool, points=None, reasons=(),
@@ -22,7 +85,7 @@ def note(course_root: Path | str, lab: str, student: str, *, graded: bool, point
     data[f"{lab}/{student}"] = {
         "graded": bool(graded),
         "points": [float(points[0]), float(points[1])] if points else None,
-        "reasons": [str(r) for r in reasons if r],
+        "reasons": [str(r) for r in reasons if r],  # a Reason's text, as every grade line shows it
         "seconds": round(float(seconds), 2) if seconds is not None else None,
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

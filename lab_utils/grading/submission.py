@@ -4,7 +4,7 @@
 snapshot of the course's gradebook (``prepare_template`` makes one without touching the course's), and gathers in
 one ``Result`` the scores and every reason worth a grade line: nbgrader's, the sandbox's, a tampered test cell, the
 first failing tests of a zero, what was left out of the copy; reasons that are the grading machine's fault (its
-sandbox never started) are ``Result.environment``, never a student's zero.
+sandbox never started) are ``Result.environment``, never a student's zero. Each reason is an ``outcomes.Reason``.
 """
 from __future__ import annotations
 
@@ -19,13 +19,10 @@ from pathlib import Path
 from lab_utils.grading import gradebook
 from lab_utils.grading.boundary.files import SubmissionError, copy_submission, regular_notebook
 from lab_utils.grading.course import WORK, cell_meta, split_hidden
-from lab_utils.grading.nbgrader_run import load_config, run_nbgrader
-from lab_utils.grading.boundary.sandbox import ENVIRONMENT
+from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
+from lab_utils.grading.outcomes import Kind, Reason, of_kind
 
 # ------------------------------------------------------------------------------------------ grading one
-DEFAULT_SUBMISSION_TIMEOUT_S = 1800.0
-
-
 @dataclass
 class Result:
     """One submission's grading run, before it is merged."""
@@ -34,7 +31,7 @@ class Result:
     student: str
     scratch: Path
     scores: dict = field(default_factory=dict)
-    reasons: list = field(default_factory=list)
+    reasons: list = field(default_factory=list)  # outcomes.Reason each
     seconds: float = 0.0
     output: str = ""
 
@@ -52,17 +49,17 @@ class Result:
         return sum(s for s, _ in self.scores.values()), sum(m for _, m in self.scores.values())
 
     @property
-    def environment(self) -> list[str]:
+    def environment(self) -> list[Reason]:
         """The reasons that are the grading machine's fault (its sandbox did not start), never the student's."""
-        return [r for r in self.reasons if ENVIRONMENT in r]
+        return of_kind(self.reasons, Kind.ENVIRONMENT)
 
 
-def prepare_template(course_root: Path, lab: str, dest: Path) -> Path:
+def prepare_template(course_root: Path, lab: str, dest: Path, settings=None) -> Path:
     """A scratch course whose gradebook holds ``lab``'s cells (hidden tests included), for ``grade-one``, which must
     not write the course's gradebook (``grade`` snapshots the course's own instead)."""
     shutil.copytree(course_root / "solutions" / lab, dest / "solutions" / lab)
     run = run_nbgrader(["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={WORK / 'release'}"],
-                       course_root=dest, config_root=course_root, timeout=300)
+                       course_root=dest, config_root=course_root, settings=settings, timeout=300)
     if run.returncode != 0:
         raise RuntimeError(f"could not record {lab} in a gradebook:\n{run.output[-3000:]}")
     return dest
@@ -149,11 +146,14 @@ def _failed_cells(autograded_nb: Path) -> list[str]:
     return out
 
 
-def grade_submission(course_root: Path, lab: str, student: str, template: Path, *, cell_timeout=None,
-                     timeout: float | None = DEFAULT_SUBMISSION_TIMEOUT_S, scratch: Path | None = None,
-                     submission_dir: Path | None = None) -> Result:
+def grade_submission(course_root: Path, lab: str, student: str, template: Path, *, settings=None,
+                     scratch: Path | None = None, submission_dir: Path | None = None) -> Result:
     """Autograde one submission (``submission_dir``, by default the course's submitted/<student>/<lab>/) in a
-    private scratch course; its sandbox starts and ends inside this call."""
+    private scratch course, under the command's ``settings`` (default: the course's; ``submission_timeout`` is the
+    wall-clock limit); its sandbox starts and ends inside this call."""
+    if settings is None:
+        settings = course_settings(course_root)
+    timeout = settings.submission_timeout
     start = time.monotonic()
     scratch = Path(scratch or tempfile.mkdtemp(prefix=f"dtlabs-grade-{lab}-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -167,20 +167,20 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
         regular_notebook(submitted / f"{lab}.ipynb")
         copied = copy_submission(submitted, scratch / WORK / "submitted" / student / lab)
     except SubmissionError as exc:
-        res.reasons = [str(exc)]
+        res.reasons = [Reason(Kind.STUDENT, str(exc))]
         res.seconds = time.monotonic() - start
         return res
     report = scratch / "sandbox.txt"
     from lab_utils.grading.export.late import due_date
 
     # before it runs: the due date late.DueDates will set, from the course's config
-    expected = gradebook.expected_dates(template, lab, submitted, due_date(load_config(course_root), lab))
+    expected = gradebook.expected_dates(template, lab, submitted, due_date(settings, lab))
     # a notebook nbgrader cannot read never runs: nothing of it can change the gradebook (nbgrader records it without
     # its due-date step), so it gets nbgrader's reason and no tampering verdict. Read before it runs: run without a
     # sandbox, a submission could spoil its own copy afterwards.
     ran = _readable(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb")
     run = run_nbgrader(["autograde", lab, "--student", student, "--force", f"--SplitExecute.report_path={report}"],
-                       course_root=scratch, config_root=course_root, cell_timeout=cell_timeout, timeout=timeout)
+                       course_root=scratch, config_root=course_root, settings=settings, timeout=timeout)
     res.output = run.output
     forged = gradebook.schema_changes(scratch, made)  # before a score is read: a trigger may have written it
     if not forged:
@@ -188,15 +188,15 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
         forged = gradebook.tampering(scratch, lab, student, expected) if ran else []
     if forged:  # a grade or late penalty it may have changed is no grade: the instructor reads why
         res.scores = {}
-    reasons = [copied.note()] if copied.left_out else []
-    if report.is_file():
-        reasons += [f"sandbox: {line.strip()}" for line in report.read_text().splitlines() if line.strip()]
-    if run.timed_out:
-        reasons.append(f"wall-clock limit: grading took over {timeout:g} s")
-    reasons += _tampered_cells(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb", template, lab)
-    reasons += _reasons_from_log(run.output) + forged
+    reasons = [Reason(Kind.STUDENT, copied.note())] if copied.left_out else []
+    if report.is_file():  # written on the subject's side: ``Reason.parse`` reads its words back
+        reasons += [Reason.parse(f"sandbox: {line.strip()}") for line in report.read_text().splitlines() if line.strip()]
+    said = [f"wall-clock limit: grading took over {timeout:g} s"] if run.timed_out else []
+    said += _tampered_cells(scratch / WORK / "submitted" / student / lab / f"{lab}.ipynb", template, lab)
+    said += _reasons_from_log(run.output) + forged
     if res.graded and res.points[0] == 0:
-        reasons += _failed_cells(res.notebook)[:3]
+        said += _failed_cells(res.notebook)[:3]
+    reasons += [Reason(Kind.STUDENT, text) for text in said]
     res.reasons = list(dict.fromkeys(reasons))
     res.seconds = time.monotonic() - start
     return res

@@ -1,4 +1,4 @@
-"""The student's pre-submission check: nbgrader's Validator with split execution and a real exit code.
+"""The student's pre-submission check: nbgrader's Validator with split execution and a real verdict (an exit code).
 
 ``nbgrader validate`` exits 0 even when tests fail; ``validate`` here returns 1. It executes the notebook the
 way grading does (``SplitExecute``: answers in a separate student process, tests in the kernel), so a student
@@ -15,19 +15,25 @@ import uuid
 from pathlib import Path
 
 from lab_utils.grading.course import is_course
-from lab_utils.grading.nbgrader_run import load_config
-from lab_utils.grading.nbgrader_run import TOKEN_VAR, reap
+from lab_utils.grading.nbgrader_run import TOKEN_VAR, course_settings, load_config, reap
+from lab_utils.status import Status
 
 
-def validate(notebook, *, cell_timeout=None, stream=None) -> int:
+def course_of(notebook) -> Path | None:
+    """The course a notebook lives in (a clone of the course), else None: the package's defaults apply (a notebook
+    fetched from an nbgrader exchange into a home folder)."""
+    return next((d for d in Path(notebook).resolve().parents if is_course(d)), None)
+
+
+def validate(notebook, *, settings=None, stream=None) -> Status:
     """The student's pre-submission check: nbgrader's Validator, printed as nbgrader prints it, with an exit
-    code (0: every test passes and no locked cell changed; 1: not so; 2: cannot run)."""
-    from lab_utils import settings
+    status (DONE: every test passes and no locked cell changed; INCOMPLETE: not so; REFUSED: cannot run), under the command's
+    ``settings`` (default: those of the notebook's course, ``course_of``)."""
+    from lab_utils import settings as dtlabs_settings
+    from lab_utils.grading.split import warm
 
-    if settings.load().warm_kernels:  # the kernel's warm server imports while nbgrader is imported here
-        from lab_utils.grading.split import warm
-
-        warm.prestart(warm.KERNEL, dict(os.environ))
+    if (settings if settings is not None else dtlabs_settings.load()).warm_kernels:
+        warm.prestart(warm.KERNEL, dict(os.environ))  # the kernel's server imports while nbgrader is imported here
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
     from traitlets import List
@@ -39,12 +45,11 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     path = Path(notebook)
     if not path.is_file():
         print(f"no such notebook: {path}", file=sys.stderr)
-        return 2
-    # the course the notebook lives in (a clone of the course), else the package's defaults (a notebook fetched
-    # from an nbgrader exchange into a home folder)
-    course = next((d for d in path.resolve().parents if is_course(d)), None)
+        return Status.REFUSED
+    course = course_of(path)
+    dt = settings if settings is not None else course_settings(course)
     cfg = load_config(course)
-    dt = settings.load(cfg, cell_timeout=cell_timeout)
+    cfg.merge(Config({"DTLabs": {name: getattr(dt, name) for name in dt.given}}))  # the flags, for SplitExecute
     cfg.merge(execution_config(dt))
     if sandbox.mode(dt.sandbox) == "none":  # the student's own code on their own machine: no grade is at stake
         cfg.merge(Config({"DTLabs": {"sandbox": "unprotected"}}))
@@ -85,7 +90,7 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     except Exception as exc:  # noqa: BLE001 - a notebook nbgrader cannot read is a failed validation
         if not expired.is_set():
             print(f"cannot validate {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 2
+            return Status.REFUSED
     finally:
         timer.cancel()
         os.environ.pop(TOKEN_VAR, None)
@@ -93,9 +98,9 @@ def validate(notebook, *, cell_timeout=None, stream=None) -> int:
     if expired.is_set():
         print(f"stopped after {dt.submission_timeout:g} s: grading stops a submission that runs longer "
               "(c.DTLabs.submission_timeout); make the notebook faster before you submit it", file=sys.stderr)
-        return 1
+        return Status.INCOMPLETE
     res = getattr(v, "results", {})
-    return 1 if (res.get("type_changed") or res.get("changed") or res.get("failed")) else 0
+    return Status.INCOMPLETE if (res.get("type_changed") or res.get("changed") or res.get("failed")) else Status.DONE
 
 
 def _wrap_error(text: str, indent: str, width: int) -> str:

@@ -9,6 +9,7 @@
 | widgets   | the ipywidgets explorer of the cost model (Lab 06)                                           |
 | torchrun  | N torchrun agents on this machine as N "nodes" (Lab 05), reaped when they are done          |
 | kernelmode | Lab 11's kernels compiled on a CUDA GPU, else Triton's interpreter and numba's simulator (no import of either) |
+| locks     | ``CountedLock``: a lock served by the test's process, every acquisition and its process recorded there (Lab 09) |
 
 May import ``lab_utils.launcher``; never ``lab_utils.grading``.
 """

@@ -2,7 +2,7 @@
 
 The choice is made before triton and numba are imported (numba reads NUMBA_ENABLE_CUDASIM once, when ``numba.cuda``
 is imported; Triton reads TRITON_INTERPRET when a kernel is decorated). Importing this module loads neither, so
-nothing outside Lab 11 loads them (tests/test_gpu_kernels.py); ``choose`` loads Triton's interpreter on a CPU to
+nothing outside Lab 11 loads them (tests/labs/test_gpu_kernels.py); ``choose`` loads Triton's interpreter on a CPU to
 bounds-check it.
 """
 from __future__ import annotations
@@ -108,7 +108,7 @@ def guard_interpreter() -> None:
 
 
 def _numba_cannot_compile() -> str:
-    """Measured on an H200 (numba-cuda 0.30.4, numpy 2.5.2): numba-cuda's compiler registers np.row_stack, which
+    """With numba-cuda 0.30.4 and numpy 2.5.2: numba-cuda's compiler registers np.row_stack, which
     numpy 2.5 removed, and every kernel then fails to compile with AttributeError. The extra pins numpy<2.5; an
     environment that has numpy 2.5 anyway keeps Triton compiled and runs numba's kernels in the simulator."""
     import numpy as np

@@ -11,6 +11,7 @@ from lab_utils.launcher.backend import (
     choose_backend, dist_module, gpu_count, loopback_ifname, nccl_available, threads_per_rank,
 )
 from lab_utils.launcher.launch import LaunchError, launch
+from lab_utils.status import Status
 
 
 def _smoke():
@@ -23,8 +24,9 @@ def _smoke():
     return x.tolist()
 
 
-def doctor(out=print) -> int:
-    """Print what a launch would use and run a 2-rank all-reduce. Returns a process exit code."""
+def doctor(out=print) -> Status:
+    """Print what a launch would use and run a 2-rank all-reduce: DONE when it works, INCOMPLETE (with a fix)
+    when it cannot."""
     import platform
     import time
 
@@ -37,7 +39,7 @@ def doctor(out=print) -> int:
     except ImportError as exc:
         out(f"torch       MISSING ({exc})")
         out("fix: run `make install` (or pip install 'torch>=2.4') in this environment")
-        return 1
+        return Status.INCOMPLETE
     out(f"torch       {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
     out(f"gloo        {'yes' if dist.is_available() and dist.is_gloo_available() else 'NO'}")
     out(f"nccl        {'yes' if nccl_available() else 'no'}")
@@ -72,6 +74,6 @@ def doctor(out=print) -> int:
         out(f"PROBLEM     {p}")
     if problems:
         out("fix: `make clean test` rebuilds the environment; `dtlabs doctor` again to check")
-        return 1
+        return Status.INCOMPLETE
     out("all good")
-    return 0
+    return Status.DONE

@@ -77,21 +77,62 @@ def recv_json(sock, maxfds=0):
         data = sock.recv(_HEADER.size)
     if not data:
         return None, fds
-    while len(data) < _HEADER.size:
-        more = sock.recv(_HEADER.size - len(data))
-        if not more:
+    if len(data) < _HEADER.size:
+        more = recv_exact(sock, _HEADER.size - len(data))
+        if more is None:
             return None, fds
         data += more
     (size,) = _HEADER.unpack(data)
     if size > MAX_JSON:
         raise FrameTooLarge(size, MAX_JSON)
-    body = b""
-    while len(body) < size:
-        more = sock.recv(size - len(body))
-        if not more:
-            return None, fds
-        body += more
+    body = recv_exact(sock, size) if size else b""
+    if body is None:
+        return None, fds
     return json.loads(body), fds
+
+
+def recv_exact(sock, n: int) -> bytes | None:
+    """``read_exact`` on a socket object (one with a timeout too), or None on EOF."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    while view:
+        got = sock.recv_into(view, min(len(view), 1 << 20))
+        if not got:
+            return None
+        view = view[got:]
+    return bytes(buf)
+
+
+def recv_frame(sock, max_bytes: int | None = None) -> bytes | None:
+    """``read_frame`` on a socket object: one frame's payload, or None at end of stream."""
+    header = recv_exact(sock, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if max_bytes is not None and size > max_bytes:
+        raise FrameTooLarge(size, max_bytes)
+    return recv_exact(sock, size) if size else b""
+
+
+def send_message(sock, header: dict, payload: bytes = b"") -> None:
+    """A JSON header and raw bytes (a tensor's) as two frames, sent at once: the bytes never go through JSON."""
+    h = json.dumps(header).encode()
+    sock.sendall(b"".join((_HEADER.pack(len(h)), h, _HEADER.pack(len(payload)), payload)))
+
+
+def recv_message(sock, max_header: int = MAX_JSON, max_payload: int | None = None):
+    """(header, payload) as ``send_message`` sent them, or (None, None) at end of stream. Each frame's declared
+    length is checked against its limit before the frame is read (``FrameTooLarge``)."""
+    head = recv_frame(sock, max_header)
+    if head is None:
+        return None, None
+    payload = recv_frame(sock, max_payload)
+    if payload is None:
+        return None, None
+    header = json.loads(head)
+    if not isinstance(header, dict):
+        raise ValueError("a message header must be a JSON object")
+    return header, payload
 
 
 def _unix_call(sock, method: str, path: str) -> None:

@@ -40,7 +40,7 @@ from lab_utils.launcher.worker import RANK_MARK, rank_after_fork
 # Imported right away (a cold launch waits for these) ...
 CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
 # ... then one at a time while the zygote is idle, so later launches of DDP/FSDP code start warm
-# (the first DDP() pulls in torch._dynamo, +2 s; FSDP launches took 11-24 s cold, ARCHITECTURE.md section 2).
+# (the first DDP() pulls in torch._dynamo, and FSDP's modules take seconds more to import: ARCHITECTURE.md §7).
 WARM_IMPORTS = [
     "torch.nn.parallel",
     "torch.distributed.algorithms.ddp_comm_hooks",

@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser_helpers import CELLS, CHROMIUM_ARGS, find_chromium, wait_prompt
+from helpers.browser import CELLS, CHROMIUM_ARGS, find_chromium, wait_prompt
 from deploy_helpers import (
     REPO, STUDENTS, TEACHER, TIMINGS, WRITES_GRADEBOOK, home, processes_of, report, run_as, teacher_env, user_env,
     wait_for,
@@ -109,7 +109,7 @@ def test_student_fetches_works_submits_and_reads_feedback(hub, course, passwords
     _settle_students()
     release = nbformat.read(str(course / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
     source = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
-    from known_wrong import read_known_wrong
+    from helpers.known_wrong import read_known_wrong
 
     wrong = read_known_wrong(REPO / "grader" / "known_wrong" / LAB / "shard_same_shuffle_every_epoch.py")
     answers = {"ring_all_reduce": grading.solution_cells(source)["ring_all_reduce"], wrong.replaces: wrong.source}

@@ -35,7 +35,7 @@ def layout_course(course) -> Path:
     """A second copy of the course (its tracked files, no venv) beside the first, with a class of three."""
     dest = COURSE_PARENT / "layout course"
     copy_course(dest, TEACHER)
-    from known_wrong import read_known_wrong
+    from helpers.known_wrong import read_known_wrong
 
     rel = nbformat.read(str(dest / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
     src = nbformat.read(str(dest / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)

@@ -1,12 +1,12 @@
 """Grading where namespaces are refused the way Docker's default seccomp profile refuses them (Gradescope's autograder
-containers, many HPC containers): ``tests/no_namespaces.py`` around every grading command, so bubblewrap cannot run,
+containers, many HPC containers): ``tests/helpers/no_namespaces.py`` around every grading command, so bubblewrap cannot run,
 root's included. Each command runs from the instructor's course venv (a Python every user can run).
 
 - The instructor (an ordinary user) gets no grade: ``dtlabs grade`` refuses with the reason and writes nothing;
   with ``--unprotected`` it grades, and every grade line says the grade was taken without a boundary.
 - Root grades as the separate user: a course open to others is refused with what that user could reach, ``dtlabs
   doctor --grading --fix`` closes it, and then the cheat corpus (the attacks whose defence depends on the mode,
-  tests/cheat_corpus.py) gains nothing, changes nothing of the course and writes nothing into the venv.
+  tests/helpers/cheat_corpus.py) gains nothing, changes nothing of the course and writes nothing into the venv.
 - The Gradescope bundle, set up (``setup.sh``) and run (``run_autograder``) as root, as Gradescope runs it: its
   subject is the separate user, the venv backdoor is refused, the empty release graded after it still scores 0,
   and the separate user cannot read the bundle's hidden tests.
@@ -32,7 +32,8 @@ from lab_utils import grading
 pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group(APART)]
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
-import cheat_corpus  # noqa: E402 - tests/ is not this folder
+from helpers import cheat_corpus  # noqa: E402 - tests/ is not this folder
+from helpers.synthetic import make_synthetic_course  # noqa: E402
 
 LAB = cheat_corpus.SYNTHETIC_LAB
 SUBJECT = "dtlabs-subject"
@@ -41,7 +42,7 @@ SUBJECT = "dtlabs-subject"
 def _refusing(course: Path, *argv) -> list:
     """``argv`` (a program of the course's venv and its arguments) with namespaces refused."""
     venv = course / ".venv" / "bin"
-    return [str(venv / "python"), str(TESTS / "no_namespaces.py"), str(venv / argv[0]), *map(str, argv[1:])]
+    return [str(venv / "python"), str(TESTS / "helpers" / "no_namespaces.py"), str(venv / argv[0]), *map(str, argv[1:])]
 
 
 def _root_env(course: Path, **extra) -> dict:
@@ -51,7 +52,7 @@ def _root_env(course: Path, **extra) -> dict:
 
 def _small_class(root: Path) -> Path:
     """The synthetic lab with a good and an empty submission."""
-    cheat_corpus._suite().make_synthetic_course(root)
+    make_synthetic_course(root)
     grading.release([LAB], root=root)
     rel = nbformat.read(str(root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
     src = nbformat.read(str(root / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
@@ -158,7 +159,7 @@ def test_the_gradescope_bundle_grades_as_the_separate_user(course):
            **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}
     py = course / ".venv" / "bin" / "python"
     t0 = time.monotonic()
-    setup = subprocess.run([str(py), str(TESTS / "no_namespaces.py"), "bash", str(gs / "source" / "setup.sh")],
+    setup = subprocess.run([str(py), str(TESTS / "helpers" / "no_namespaces.py"), "bash", str(gs / "source" / "setup.sh")],
                            env=env, capture_output=True, text=True, timeout=900)
     TIMINGS["no namespaces: Gradescope setup.sh (venv, torch, the wheel, the canary)"] = time.monotonic() - t0
     assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
@@ -176,7 +177,7 @@ def test_the_gradescope_bundle_grades_as_the_separate_user(course):
         for p in (gs / "submission").iterdir():
             p.unlink()
         nbformat.write(nb, str(gs / "submission" / f"{LAB}.ipynb"))
-        res = subprocess.run([str(py), str(TESTS / "no_namespaces.py"), "bash", str(gs / "source" / "run_autograder")],
+        res = subprocess.run([str(py), str(TESTS / "helpers" / "no_namespaces.py"), "bash", str(gs / "source" / "run_autograder")],
                              env={**env, "DTLABS_TEST_TOKEN": "gradescope-" + name}, capture_output=True, text=True,
                              timeout=600)
         import json

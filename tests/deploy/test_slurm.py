@@ -42,7 +42,7 @@ GOOD = ROSTER.index("good")
 
 def _class_folder(course: Path, students) -> None:
     """Every kind of submission an array must handle, in grader/work/submitted/ (where `nbgrader collect` puts them)."""
-    from known_wrong import read_known_wrong
+    from helpers.known_wrong import read_known_wrong
 
     rel = nbformat.read(str(course / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
     src = nbformat.read(str(course / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)

@@ -182,12 +182,12 @@ def startup_watch() -> StartupWatch:
     (their configuration, kernel specs, startup files and user site-packages)."""
     from jupyter_core import paths
 
-    from lab_utils.grading.boundary import sandbox
+    from lab_utils.grading.boundary import mounts
 
     home = Path.home()
     mine = [home / ".jupyter", home / ".ipython", home / ".local", home / ".config"]
     jupyter = [*map(Path, paths.jupyter_config_path()), *map(Path, paths.jupyter_path())]
-    installed = sandbox.installed_paths()
+    installed = mounts.installed_paths()
 
     def writable(folders):
         return list(dict.fromkeys(str(p) for p in folders if p.exists() and os.access(p, os.W_OK)

@@ -1,5 +1,5 @@
 """nbgrader's configuration for a folder without one of its own (a scratch course, a notebook outside a course):
-the course package's defaults (``lab_utils.grading.course.apply_nbgrader_config``), rooted at the working directory
+the course package's defaults (``lab_utils.grading.nbgrader_run.apply_nbgrader_config``), rooted at the working directory
 unless ``DTLABS_COURSE_ROOT`` names the course."""
 import os
 

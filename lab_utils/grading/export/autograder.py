@@ -13,7 +13,8 @@ failing error's message as ``output``, ``visibility``: ``visible`` for a cell wi
 (``stdout_visibility: hidden``). Neither ever holds hidden test source: every text passes ``cells.clean``.
 A submission that is not one readable notebook scores 0 with the reason. A machine that cannot grade (the canary
 fails, the sandbox does not start, the package does not import) is not the student's zero: every test is failed
-with that reason, and the exit status is 1, so the instructor sees an autograder error.
+with that reason, and the run is ``Status.INCOMPLETE`` (exit status 1, ``run_dtlabs.py``), so the instructor sees
+an autograder error.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from lab_utils.status import Status
 
 MANIFEST = "dtlabs-autograder.json"
 STUDENT = "student"
@@ -79,7 +82,7 @@ def _readable(notebook: Path) -> None:
                          "upload the .ipynb file your notebook server saved") from None
 
 
-def template(course: Path, lab: str) -> Path:
+def template(course: Path, lab: str, settings) -> Path:
     """The scratch course whose gradebook every submission of ``lab`` copies (``submission.prepare_template``), kept
     beside the canary's verdicts under the same digest of everything it depends on: setup.sh makes it while the
     image is built, and each submission saves an nbgrader run."""
@@ -87,12 +90,12 @@ def template(course: Path, lab: str) -> Path:
     from lab_utils.grading.course import WORK
     from lab_utils.grading.submission import prepare_template
 
-    kept = canary.cache_path().parent / "templates" / canary.environment_digest(course, lab, None)
+    kept = canary.cache_path(settings).parent / "templates" / canary.environment_digest(course, lab, settings)
     if (kept / WORK / "gradebook.db").is_file():
         return kept
     kept.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".template-", dir=kept.parent))
-    prepare_template(course, lab, fresh / "t")
+    prepare_template(course, lab, fresh / "t", settings=settings)
     try:
         os.replace(fresh / "t", kept)
     except OSError:  # another run kept one meanwhile: the same content
@@ -132,18 +135,17 @@ def _graded(manifest: dict, res, hidden: list[str]) -> dict:
                       "visibility": t["visibility"]})
     ids = tuple(f"{t['grade_id']}:" for t in manifest["tests"])
     # the top-level output is always visible: nothing in it may tell how a hidden test went (those are per test)
-    notes = [cells.clean(r, hidden, 500) for r in res.reasons if not r.startswith(ids)]
+    notes = [cells.clean(str(r), hidden, 500) for r in res.reasons if not str(r).startswith(ids)]
     text = "\n".join([f"{manifest['lab']}: graded; each test cell's result is below.", *notes])
     return {"score": res.points[0], "output": text, "stdout_visibility": "hidden", "tests": tests}
 
 
-def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
-    from lab_utils import settings
+def _grade(root: Path, manifest: dict, dt, out) -> tuple[dict, Status]:
     from lab_utils.grading import canary
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.export import cells
     from lab_utils.grading.boundary.files import SubmissionError
-    from lab_utils.grading.nbgrader_run import load_config
+    from lab_utils.grading.outcomes import Kind, Reason
     from lab_utils.grading.submission import grade_submission
 
     lab = manifest["lab"]
@@ -152,20 +154,19 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
         notebook = _the_notebook(root / "submission", lab)
         _readable(notebook)
     except ValueError as exc:
-        return student_zero(manifest, str(exc)), 0
-    dt = settings.load(load_config(course))
+        return student_zero(manifest, str(exc)), Status.DONE
     try:
         # as a separate user: the bundle (the lab's hidden tests) unreadable to it, the results folder unwritable
         sandbox.require(dt.sandbox, course_root=course, protect=[root / "source"], read_only=[root / "results"],
                         user=dt.subject_user)
     except sandbox.SandboxUnavailable as exc:
-        return environment_error(manifest, str(exc)), 1
+        return environment_error(manifest, str(exc)), Status.INCOMPLETE
     out(f"sandbox: {sandbox.mode()}" + (f" ({sandbox.UNPROTECTED_WARNING})" if sandbox.mode() == "unprotected" else ""))
-    verdict = canary.check(course, lab, timeout=dt.submission_timeout, out=out)
+    verdict = canary.check(course, lab, settings=dt, out=out)
     out(f"canary: solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, release {verdict.release[0]:g}/"
         f"{verdict.release[1]:g}" + (" (kept verdict)" if verdict.cached else f" ({verdict.seconds:.0f} s)"))
     if not verdict.ok:
-        return environment_error(manifest, verdict.explain()), 1
+        return environment_error(manifest, verdict.explain()), Status.INCOMPLETE
     hidden = cells.lab_hidden_lines(cells.source_notebook(course, lab))
     scratch = Path(tempfile.mkdtemp(prefix=f"dtlabs-gradescope-{lab}-"))
     try:
@@ -173,22 +174,22 @@ def _grade(root: Path, manifest: dict, out) -> tuple[dict, int]:
         try:
             left_out = _stage(root / "submission", notebook, staged, lab)
         except (SubmissionError, OSError) as exc:
-            return student_zero(manifest, f"the notebook {notebook.name} cannot be read as a file: {exc}"), 0
-        res = grade_submission(course, lab, STUDENT, template(course, lab), timeout=dt.submission_timeout,
+            return student_zero(manifest, f"the notebook {notebook.name} cannot be read as a file: {exc}"), Status.DONE
+        res = grade_submission(course, lab, STUDENT, template(course, lab, dt), settings=dt,
                                scratch=scratch / "grade", submission_dir=staged)
         if left_out:
-            res.reasons.insert(0, left_out)
+            res.reasons.insert(0, Reason(Kind.STUDENT, left_out))
         out(f"graded in {res.seconds:.1f} s: " + (f"{res.points[0]:g}/{res.points[1]:g}" if res.graded else
                                                  "NOT GRADED"))
         for reason in res.reasons:
-            out(f"  {cells.clean(reason, hidden, 500)}")
+            out(f"  {cells.clean(str(reason), hidden, 500)}")
         if res.environment:
-            canary.forget(course, lab)
-            return environment_error(manifest, "; ".join(res.environment)), 1
+            canary.forget(course, lab, dt)
+            return environment_error(manifest, "; ".join(map(str, res.environment))), Status.INCOMPLETE
         if not res.graded:
-            why = "; ".join(cells.clean(r, hidden, 500) for r in res.reasons) or "nbgrader produced no grade"
-            return student_zero(manifest, f"the notebook could not be graded: {why}"), 0
-        return _graded(manifest, res, hidden), 0
+            why = "; ".join(cells.clean(str(r), hidden, 500) for r in res.reasons) or "nbgrader produced no grade"
+            return student_zero(manifest, f"the notebook could not be graded: {why}"), Status.DONE
+        return _graded(manifest, res, hidden), Status.DONE
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -202,26 +203,32 @@ def _package_note(manifest: dict) -> str | None:
     return None
 
 
-def main(root: Path | str, *, check_only: bool = False, out=print) -> int:
-    """Grade ``ROOT/submission`` into ``ROOT/results/results.json``; 0, or 1 when the environment cannot grade.
+def main(root: Path | str, *, check_only: bool = False, out=print) -> Status:
+    """Grade ``ROOT/submission`` into ``ROOT/results/results.json``: DONE, or INCOMPLETE when the environment cannot
+    grade (NOT GRADED).
     ``check_only`` (setup.sh): run the canary only, and say whether this machine can grade the lab."""
     start = time.monotonic()
+    from lab_utils.grading.nbgrader_run import course_settings
+
     root = Path(root)
     manifest = json.loads((root / "source" / MANIFEST).read_text())
+    course = root / "source" / "course"
     if check_only:
         from lab_utils.grading import canary
 
-        verdict = canary.check(root / "source" / "course", manifest["lab"], force=True, out=out)
+        dt = course_settings(course)  # the bundle's one settings object: its course's config, then the environment
+        verdict = canary.check(course, manifest["lab"], settings=dt, force=True, out=out)
         if verdict.ok:
-            template(root / "source" / "course", manifest["lab"])
+            template(course, manifest["lab"], dt)
         out(f"{manifest['lab']}: this image can grade it (solution {verdict.solution[0]:g}/{verdict.solution[1]:g}, "
             f"release {verdict.release[0]:g}/{verdict.release[1]:g})" if verdict.ok else "PROBLEM " + verdict.explain())
-        return 0 if verdict.ok else 1
+        return Status.DONE if verdict.ok else Status.INCOMPLETE
     try:
-        payload, code = _grade(root, manifest, out)
+        payload, code = _grade(root, manifest, course_settings(course), out)
     except Exception as exc:  # noqa: BLE001 - our failure, never the student's zero
         out(traceback.format_exc())
-        payload, code = environment_error(manifest, f"the autograder failed: {type(exc).__name__}: {exc}"), 1
+        payload = environment_error(manifest, f"the autograder failed: {type(exc).__name__}: {exc}")
+        code = Status.INCOMPLETE
     note = _package_note(manifest)
     if note:
         out(note)
@@ -232,6 +239,6 @@ def main(root: Path | str, *, check_only: bool = False, out=print) -> int:
     tmp.write_text(json.dumps(payload, indent=1))
     os.replace(tmp, results / "results.json")
     out(f"score {payload['score']:g} in {payload['execution_time']} s; results: {results / 'results.json'}")
-    if code:
+    if code is not Status.DONE:
         out("ENVIRONMENT ERROR: " + payload["output"].splitlines()[-1])
     return code

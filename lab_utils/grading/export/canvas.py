@@ -199,18 +199,20 @@ class CanvasExporter(ExportPlugin):
         self.log.info("Canvas gradebook CSV: %s (%d students, labs %s)", dest, len(roster.students), ", ".join(labs))
 
 
-def main(roster, out, *, labs=None, course_root=None) -> int:
-    """``dtlabs export canvas``: the plugin run in this process on the course's gradebook, with its config."""
+def main(roster, out, *, labs=None, course_root=None):
+    """``dtlabs export canvas``: the plugin run in this process on the course's gradebook, with its config: DONE, or
+    REFUSED with the reason on stderr."""
     from nbgrader.api import Gradebook
 
     from lab_utils.grading import gradebook
     from lab_utils.grading.course import WORK, find_course_root
     from lab_utils.grading.nbgrader_run import load_config
+    from lab_utils.status import Status
 
     course = find_course_root(course_root)
     if not (course / WORK / "gradebook.db").is_file():
         print(f"dtlabs export canvas: no gradebook at {course / WORK / 'gradebook.db'}: grade first", file=sys.stderr)
-        return 2
+        return Status.REFUSED
     exporter = CanvasExporter(config=load_config(course), to=str(Path(out).resolve()), roster=str(roster),
                               assignment=list(labs or []), course_root=str(course))
     try:
@@ -218,6 +220,6 @@ def main(roster, out, *, labs=None, course_root=None) -> int:
             exporter.export(gb)
     except RosterError as exc:
         print(f"dtlabs export canvas: {exc}", file=sys.stderr)
-        return 2
+        return Status.REFUSED
     print(f"wrote {Path(out).resolve()}: import it in Canvas (Grades > Import)")
-    return 0
+    return Status.DONE

@@ -26,7 +26,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from lab_utils import processes, settings
+from lab_utils import processes
 from lab_utils.grading.course import GradingError, discover_labs, find_course_root
 from lab_utils.grading.export import cells
 from lab_utils.grading.export.autograder import DEFAULT_VISIBILITY, MANIFEST
@@ -71,13 +71,12 @@ def constraints() -> str:
     return "".join(f"{pins[k]}\n" for k in sorted(pins))
 
 
-def manifest(course_root: Path, lab: str) -> dict:
-    """What the bundle's runner needs before anything is imported: the lab and its test cells as results name them."""
+def manifest(course_root: Path, lab: str, settings) -> dict:
+    """What the bundle's runner needs before anything is imported: the lab and its test cells as results name them
+    (``settings``: the command's, for ``c.DTLabs.gradescope_visibility``)."""
     from lab_utils.grading import canary
-    from lab_utils.grading.nbgrader_run import load_config
 
-    dt = settings.load(load_config(course_root))
-    hidden_visibility = dt.gradescope_visibility.get(lab, DEFAULT_VISIBILITY)
+    hidden_visibility = settings.gradescope_visibility.get(lab, DEFAULT_VISIBILITY)
     tests = [{"grade_id": c.grade_id, "name": c.name, "points": c.points, "hidden": c.hidden,
               "visibility": hidden_visibility if c.hidden else "visible"}
              for c in cells.graded_cells(cells.source_notebook(course_root, lab))]
@@ -112,9 +111,14 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-def build(lab: str, out_dir: Path | str, *, course_root=None, wheel: Path | str | None = None, out=print) -> Path:
-    """Write ``out_dir/<lab>-autograder.zip`` (module docstring); returns its path."""
+def build(lab: str, out_dir: Path | str, *, course_root=None, settings=None, wheel: Path | str | None = None,
+          out=print) -> Path:
+    """Write ``out_dir/<lab>-autograder.zip`` (module docstring) under the command's ``settings`` (default: the
+    course's); returns its path."""
+    from lab_utils.grading.nbgrader_run import course_settings
+
     course_root = find_course_root(course_root)
+    settings = settings if settings is not None else course_settings(course_root)
     if lab not in discover_labs(course_root):
         raise GradingError(f"no lab {lab!r} in {course_root}/solutions (labs: {discover_labs(course_root)})")
     out_dir = Path(out_dir).resolve()
@@ -128,7 +132,7 @@ def build(lab: str, out_dir: Path | str, *, course_root=None, wheel: Path | str 
         with zipfile.ZipFile(part, "w") as zf:
             for name in ("setup.sh", "run_autograder", "run_dtlabs.py"):
                 _add(zf, name, (BUNDLE / name).read_bytes())
-            _add(zf, MANIFEST, json.dumps(manifest(course_root, lab), indent=1).encode())
+            _add(zf, MANIFEST, json.dumps(manifest(course_root, lab, settings), indent=1).encode())
             _add(zf, "constraints.txt", constraints().encode())
             _add(zf, f"dist/{wheel_path.name}", wheel_path.read_bytes())
             for name, path in _course_files(course_root, lab):

@@ -13,14 +13,12 @@ from __future__ import annotations
 from nbgrader.preprocessors import NbGraderPreprocessor
 
 
-def due_date(config, lab: str):
-    """``c.DTLabs.due_dates[lab]`` of ``config``, parsed as nbgrader parses dates (None when the lab has none); a date
-    nbgrader cannot read is a clear error."""
+def due_date(settings, lab: str):
+    """``c.DTLabs.due_dates[lab]`` of ``settings`` (a ``settings.DTLabs``), parsed as nbgrader parses dates (None when
+    the lab has none); a date nbgrader cannot read is a clear error."""
     from nbgrader.utils import parse_utc
 
-    from lab_utils import settings
-
-    due = settings.load(config).due_dates.get(lab) if lab else None
+    due = settings.due_dates.get(lab) if lab else None
     if not due:
         return None
     try:
@@ -38,7 +36,9 @@ class DueDates(NbGraderPreprocessor):
 
         info = resources.get("nbgrader") or {}
         lab, db_url = info.get("assignment"), info.get("db_url")
-        when = due_date(self.config, lab)
+        from lab_utils import settings
+
+        when = due_date(settings.load(self.config), lab)  # the run's config: the course's, and its flags
         if when and db_url:
             with Gradebook(db_url) as gb:
                 gb.update_or_create_assignment(lab, duedate=when)

@@ -27,7 +27,7 @@ accepted in ``grader/mutants/NN_topic.toml`` with a reason, and is then neither 
     id = "3f2a9c01d4"
     reason = "x.min() and x.min().item() compare the same way against 0.0"
 
-All mutants of one lab are graded in ONE swap session (``lab_utils/grading/swaps.py``): the solution runs once,
+All mutants of one lab are graded in ONE swap session (``lab_utils/grading/quality/swaps.py``): the solution runs once,
 each mutant swaps its cell in, re-runs the cells from there on until a test loses points (killed) or the last test
 passes (survived), and is put back; the unmutated solution before the first mutant and after the last is the
 control.
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab_utils import grading
+from lab_utils.status import Status
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 REMOVABLE_CALLS = ("no_sync", "set_epoch", "zero_grad", "all_reduce", "wait", "broadcast", "barrier",
@@ -363,22 +364,23 @@ def format_report(rep: Report, min_kill: float) -> str:
 
 
 def main(lab: str, *, n=20, seed=0, min_kill=0.9, root=None, cell_timeout=None, list_only=False,
-         stream=None) -> int:
-    """The CLI: 0 when the kill rate reaches ``min_kill`` (and the solution keeps full marks), else 1."""
+         stream=None) -> Status:
+    """``dtlabs mutate``: DONE when the kill rate reaches ``min_kill`` (and the solution keeps full marks), else
+    INCOMPLETE; REFUSED for a lab the course does not have."""
     import nbformat
 
     stream = stream or sys.stdout
     root = grading.find_course_root(root)
     if lab not in grading.discover_labs(root):
         print(f"no solutions/{lab}/{lab}.ipynb; labs: {grading.discover_labs(root)}", file=sys.stderr)
-        return 2
+        return Status.REFUSED
     if list_only:
         src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
         accepted = load_accepted(lab, root)
         pool = [m for m in lab_mutants(src) if m.id not in accepted]
         for m in sample(pool, n, seed):
             print(f"{m.id:<11}{m.grade_id[:27]:<28}{m.line:>5}  {m.operator:<10}{m.description}", file=stream)
-        return 0
+        return Status.DONE
     rep = mutate(lab, n=n, seed=seed, root=root, cell_timeout=cell_timeout)
     print(format_report(rep, min_kill), file=stream)
-    return 0 if rep.control_ok and rep.kill_rate >= min_kill else 1
+    return Status.DONE if rep.control_ok and rep.kill_rate >= min_kill else Status.INCOMPLETE

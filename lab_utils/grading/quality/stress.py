@@ -7,7 +7,7 @@ always stopped here), autogrades the unchanged solution of each lab K times in a
 every run that did not get full marks with the failing cell's grade_id and nbgrader's error line.
 
     dtlabs stress 05_multi_node --k 10       # or: make stress K=10 LABS=05_multi_node
-    dtlabs stress --tests '-n 2 tests/test_torchrun.py' --k 10   # the project's own tests, 10 runs in a row
+    dtlabs stress --tests '-n 2 tests/labkit/test_torchrun.py' --k 10   # the project's own tests, 10 runs in a row
 
 The grading steps come from ``lab_utils.grading`` through the three small functions below (``_prepare``,
 ``_grade_once``, ``_error_lines``), the only places that know its API.

@@ -1,9 +1,8 @@
 """Many answers, one grading session: how each swapped answer scores, without a kernel and sandbox per answer.
 
 Proving a lab's tests (the release scores zero, each known-wrong answer loses the cells it names, a mutant loses
-something) used to cost one whole ``nbgrader autograde`` submission per answer: a kernel and a sandboxed subject,
-each importing torch (3 s of CPU apiece on a CI core), and a rank server's warm-up, for a few seconds of tests. Here one session
-grades them all, through the same split execution as ``autograde`` (``SplitExecute``: answers in the sandboxed
+something) as one ``nbgrader autograde`` submission per answer costs a kernel and a sandboxed subject per answer,
+each importing torch, and a rank server's warm-up, for a few seconds of tests. Here one session grades them all, through the same split execution as ``autograde`` (``SplitExecute``: answers in the sandboxed
 subject, tests in the grader kernel, scores by nbgrader's own ``determine_grade``):
 
 1. the lab's source notebook runs once with the solution typed in and the demo cells left out: the *baseline*;
@@ -14,8 +13,8 @@ subject, tests in the grader kernel, scores by nbgrader's own ``determine_grade`
    session changed and the verdicts after it cannot be trusted.
 
 It is a test of the tests, not a grade: a student's submission is always graded alone (``dtlabs grade``). The same
-answers graded one submission each (``DTLABS_FULL=1`` in tests/test_labs.py) give the same verdicts,
-and tests/test_grading_cli.py checks that on the synthetic lab.
+answers graded one submission each (``DTLABS_FULL=1`` in tests/labs/test_labs.py) give the same verdicts,
+and tests/grading/test_grading_cli.py checks that on the synthetic lab.
 """
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ from traitlets import Unicode
 
 from lab_utils import settings
 from lab_utils.grading.course import cell_meta
-from lab_utils.grading.boundary import sandbox
-from lab_utils.grading.boundary.sandbox import ENVIRONMENT
+from lab_utils.grading.boundary import sandbox, separate_user
+from lab_utils.grading.outcomes import Kind, Reason
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
 
@@ -46,7 +46,7 @@ def execution_config(dt):
         # nbgrader 0.9 reads Execute.timeout and ignores ExecutePreprocessor.timeout (nbgrader#1463)
         "timeout": dt.cell_timeout,
         # A cell that ran past its limit must cost that cell, not the notebook: nbgrader would otherwise drop the
-        # whole submission when the interrupted kernel's last outputs arrive late (seen on a loaded grader).
+        # whole submission when the interrupted kernel's last outputs arrive late (as they do on a loaded grader).
         "raise_on_iopub_timeout": False,
         "interrupt_on_timeout": True,
         "execute_retries": 0,
@@ -152,11 +152,11 @@ class SplitExecute(Execute):
         except Exception as exc:  # noqa: BLE001 - a dead kernel, a timeout: the sandbox did not start either
             why = f"{type(exc).__name__}: {exc}"
         if why:
-            reason = f"{ENVIRONMENT} the sandbox did not start ({why})"
+            reason = Reason(Kind.ENVIRONMENT, f"the sandbox did not start ({why})")
             if self.report_path:
                 with open(self.report_path, "a") as fh:
-                    fh.write(reason.replace("\n", " ") + "\n")
-            raise SandboxNotStarted(reason)
+                    fh.write(str(reason).replace("\n", " ") + "\n")
+            raise SandboxNotStarted(str(reason))
         return cell, resources
 
     @contextlib.contextmanager
@@ -174,10 +174,10 @@ class SplitExecute(Execute):
                 shared.append(cell.source)
         workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
         report = self.report_path or None
-        limits = settings.load(self.config)  # c.DTLabs.* from the course's nbgrader config, then the environment
+        limits = settings.load(self.config)  # the run's config (the course's, the flags'), then the environment
         user_mode = sandbox.mode(limits.sandbox) == "user"
         # removed here: the kernel may die uncleaned. The separate user passes through it to its own folder, no more
-        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=sandbox.subjects_folder() if user_mode else None)
+        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=separate_user.subjects_folder() if user_mode else None)
         if user_mode:
             os.chmod(work_root, 0o711)
         self._kernel_home = tempfile.mkdtemp(prefix="dtlabs-grader-")  # the kernel's working directory, empty

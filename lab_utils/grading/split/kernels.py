@@ -3,7 +3,7 @@
 jupyter_client picks a kernel's five TCP ports by binding port 0 and closing the socket; the kernel binds them
 a second or more later. On a loaded machine another process can take one of those ports in between (gloo and
 TCPStore bind ephemeral ports all the time here), and the kernel dies with "Address already in use" before it
-replies to kernel_info: a grade, a ``dtlabs validate`` or a papermill run lost to a race (seen in CI).
+replies to kernel_info: a grade, a ``dtlabs validate`` or a papermill run lost to a race.
 
 ``PrivateSocketKernelManager`` uses ZeroMQ's ``ipc`` transport on Linux's abstract socket namespace
 (``ipc://@dtlabs-kernel-<uuid>-N``): a name no one else picks, nothing on disk to clean up or leak, and not

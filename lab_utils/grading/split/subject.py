@@ -1,6 +1,6 @@
-"""The subject: the process where a submission's own cells run while it is graded (``proxy.SUBJECT_ENTRY``).
+"""The subject: the process where a submission's own cells run while it is graded (``channel.SUBJECT_ENTRY``).
 
-The grader's kernel (``lab_utils.grading.split.proxy``) starts it inside the sandbox and talks to it over one socket. The
+The grader's kernel (``lab_utils.grading.split.channel``) starts it inside the sandbox and talks to it over one socket. The
 grader's requests are trusted (it executes only the course's locked cells and tests); everything this process
 sends back is treated as hostile and crosses only as plain data (``lab_utils.launcher.plaindata``). Student code runs in
 an IPython shell, so magics such as ``%matplotlib inline`` or ``%%time`` behave as in JupyterLab; figures and

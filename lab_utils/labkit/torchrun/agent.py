@@ -1,0 +1,48 @@
+"""What each agent runs: ``python -m lab_utils.labkit.torchrun.agent PARENT_PID <torchrun args>``, torchrun's own
+main in a process that dies with the harness, and node 0 of a static run staying until the others are gone. No
+module of the package imports it: ``-m`` runs it as ``__main__``."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from lab_utils import processes
+from lab_utils.labkit.torchrun.nodes import AGENT_STORE, EXITED_KEY
+
+HOST_WAIT_S = 60.0  # how long a static run's node 0 waits for the other agents to exit
+
+
+def _agent_main(argv):
+    """``PARENT_PID <torchrun args>``: torchrun that dies with its parent."""
+    processes.die_with_parent(int(argv[0]), signal.SIGTERM)  # torchrun stops its workers on SIGTERM
+    import runpy
+
+    sys.argv = ["torchrun", *argv[1:]]
+    try:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    finally:
+        _wait_for_other_agents(os.environ.get(AGENT_STORE))
+
+
+def _wait_for_other_agents(spec):
+    """The agent hosting a static run's store: stay until the harness has seen the other agents exit."""
+    if not spec:
+        return
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host, port, others = spec.rsplit(":", 2)
+    deadline = time.monotonic() + HOST_WAIT_S
+    try:
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=3))
+        while store.add(EXITED_KEY, 0) < int(others) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # the harness is gone (it reaps us anyway) or a store error: nothing left to wait for
+        pass
+
+
+if __name__ == "__main__" and len(sys.argv) > 1:
+    _agent_main(sys.argv[1:])

@@ -1,0 +1,22 @@
+"""`dtlabs doctor` tells a student what a launch would use, and fails with a fix when it cannot work."""
+from __future__ import annotations
+
+import lab_utils.launcher.backend as env
+from lab_utils.launcher.doctor import doctor
+from lab_utils.status import Status
+
+
+def test_doctor_reports_the_setup_and_a_working_all_reduce():
+    lines = []
+    assert doctor(out=lines.append) is Status.DONE, "\n".join(lines)
+    text = "\n".join(lines)
+    for word in ("torch", "gloo", "GPUs", "backend", "all-reduce  ok", "all good"):
+        assert word in text
+
+
+def test_doctor_fails_with_a_fix_hint_when_no_backend_works(monkeypatch):
+    monkeypatch.setattr(env.dist_module(), "is_gloo_available", lambda: False)
+    lines = []
+    assert doctor(out=lines.append) is Status.INCOMPLETE
+    text = "\n".join(lines)
+    assert "PROBLEM     this torch build has no gloo backend" in text and "fix:" in text
