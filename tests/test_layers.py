@@ -21,7 +21,7 @@ MAX_MODULES_PER_FOLDER = 12
 MAX_LINES_PER_MODULE = 400
 # Modules over the bound that are not cut yet, each at most as long as it is now: the list may only shrink (an entry
 # that fits the bound again is an error too, so it is taken off). Cutting them along their jobs is open work.
-OVER_THE_BOUND = {"grading/nbgrader_run.py": 452}
+OVER_THE_BOUND: dict = {}
 
 
 def _module_name(path: Path) -> str:

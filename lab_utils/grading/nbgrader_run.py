@@ -274,9 +274,9 @@ def _alembic_head_once() -> None:
         pass
 
 
-def run_forked(request: dict) -> int:
+def run_forked(request: dict) -> None:
     """In the child the warm server forked: ``python -m nbgrader ARGS`` in the run's folder (first on ``sys.path``,
-    as ``-m`` puts it) and environment (set by ``warm._become``); its exit code."""
+    as ``-m`` puts it) and environment (set by ``warm.forked._become``); it ends as nbgrader does (SystemExit)."""
     from nbgrader.apps.nbgraderapp import NbGraderApp
 
     sys.stdout.reconfigure(line_buffering=True)
@@ -284,4 +284,3 @@ def run_forked(request: dict) -> int:
     sys.path.insert(0, request["cwd"])
     sys.argv = ["nbgrader", *request["argv"]]
     NbGraderApp.launch_instance(request["argv"])
-    return 0

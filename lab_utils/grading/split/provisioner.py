@@ -64,7 +64,7 @@ class WarmKernelProvisioner(LocalProvisioner):
             devnull = os.open(os.devnull, os.O_RDWR)  # stdin: launch_kernel gives a pipe it closes at once
             try:
                 # a server on the kernel's own interpreter path (a kernel sees it as sys.executable, and hands it to
-                # the processes it starts: tests/test_labs.py's "My Courses" kernel)
+                # the processes it starts: tests/labs/test_labs.py's "My Courses" kernel)
                 child = warm.fork(warm.KERNEL, cmd[3:], env, kwargs.get("cwd") or os.getcwd(), executable=cmd[0],
                                   fds=(devnull, _fd(kwargs.get("stdout"), 1, devnull),
                                        _fd(kwargs.get("stderr"), 2, devnull)))

@@ -227,7 +227,7 @@ def test_an_install_without_the_entry_point_starts_kernels_cold_and_says_so(monk
 
 
 def test_a_kernel_of_another_interpreter_path_forks_from_a_server_on_that_path(tmp_path, no_leaked_processes):
-    """A kernelspec reaching this venv through another path (tests/test_labs.py's "My Courses" kernel) sees that path
+    """A kernelspec reaching this venv through another path (tests/labs/test_labs.py's "My Courses" kernel) sees that path
     as sys.executable and hands it to what it starts: its kernels fork from a server started on that path. An
     interpreter that cannot run the server (no lab_utils there) starts its kernels cold, saying why."""
     link = tmp_path / "My Courses"

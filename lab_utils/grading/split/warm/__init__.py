@@ -4,13 +4,13 @@ Two kinds (``Kind``): grader kernels (``KERNEL``, below) and nbgrader runs (``la
 
 A fresh ``python -m ipykernel_launcher`` pays 0.4-2 CPU-s before it answers (IPython, ipykernel, zmq, then torch and
 numpy in the course's first cell); ``dtlabs validate``, every grading and the test suite start hundreds. The server
-(``serve``) imports ``PRELOAD`` (a ``Kind``'s preload) once, checks that no import started a thread (a fork copies
+(``forked.serve``) imports ``PRELOAD`` (a ``Kind``'s preload) once, checks that no import started a thread (a fork copies
 only the calling thread, so a lock another thread held would stay held in the child; torch's OpenMP pool starts on
 the first parallel op, which the server never runs, and numpy's OpenBLAS pool is held at one thread until the child
 sets its own), and then forks one child per request. The server never runs a cell, a student's or the course's:
 every child starts from the same clean state.
 
-A forked child is what a cold start would be (``_become``): a session and process group of its own (so an interrupt or
+A forked child is what a cold start would be (``forked._become``): a session and process group of its own (so an interrupt or
 a kill reaches it and what it started, as ``LocalProvisioner`` signals a kernel's group), the caller's
 standard streams, working directory, environment, umask and resource limits, and its environment readable from
 ``/proc/PID/environ`` (rewritten in place), so the grading token still finds it for reaping. It dies with the
@@ -25,14 +25,13 @@ whose import-relevant environment (``import_key``) is the one it imported under.
 """
 from __future__ import annotations
 
-import ctypes
+import dataclasses
 import importlib
 import json
 import os
 import resource
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -47,8 +46,9 @@ ADDRESS_VAR = "DTLABS_WARM_KERNEL_SERVER"  # a server's address and key, for the
 
 @dataclass(frozen=True)
 class Kind:
-    """What a server forks: ``python -m MODULE ARGV`` run as ``run(request)`` (``"module:function"``, returning an
-    exit code) in the forked child, after the server imported ``preload`` and called ``prepare``."""
+    """What a server forks: ``python -m MODULE ARGV`` run as ``run(request)`` (``"module:function"``; its return is
+    exit status 0, a SystemExit its code) in the forked child, after the server imported ``preload`` and called
+    ``prepare``."""
 
     name: str
     module: str
@@ -89,7 +89,7 @@ def import_key(env: dict, executable: str = sys.executable) -> str:
     return json.dumps([os.path.abspath(executable), sorted(items.items())])
 
 
-KERNEL = Kind("kernel", "ipykernel_launcher", PRELOAD, "lab_utils.grading.split.warm:run_kernel",
+KERNEL = Kind("kernel", "ipykernel_launcher", PRELOAD, "lab_utils.grading.split.warm.forked:run_kernel",
               address_var=ADDRESS_VAR)
 
 
@@ -116,8 +116,9 @@ class Server:
         try:
             # -P -s: nothing before sys.path, no user site; a kernel's own path is set when it is forked (_become)
             self.proc = subprocess.Popen(
-                [executable, "-P", "-s", "-c", "import sys; from lab_utils.grading.split.warm import serve; "
-                 "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])", *map(str, fds), _ref(kind), "#" * ARG_ROOM],
+                [executable, "-P", "-s", "-c", "import sys; from lab_utils.grading.split.warm.forked import serve; "
+                 "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])", *map(str, fds),
+                 json.dumps(dataclasses.asdict(kind)), "#" * ARG_ROOM],
                 pass_fds=fds, cwd="/", env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, start_new_session=True)
         finally:
@@ -211,14 +212,6 @@ class WarmChild:
 
     def close(self) -> None:
         self.conn.close()
-
-
-def _ref(kind: Kind) -> str:
-    """``"module:NAME"`` of a ``Kind`` defined at module level, for the server's command line."""
-    for name, value in vars(sys.modules[kind.run.partition(":")[0]]).items():
-        if value is kind:
-            return f"{kind.run.partition(':')[0]}:{name}"
-    raise ValueError(f"{kind.name}: a Kind must be a module-level name of the module of its run function")
 
 
 _SERVERS: dict[tuple, Server] = {}
@@ -341,283 +334,3 @@ def _umask() -> int:
 def _rlimits() -> dict:
     return {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource)
             if name.startswith("RLIMIT_")}
-
-
-# ------------------------------------------------------------------------------------------ the server's side
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def serve(ctl_fd: int, listen_fd: int, kind_ref: str) -> None:
-    """The server: import the kind's preload, say so on the control socket, then fork a child per request; exits,
-    killing its children, when the control socket closes (the process that started it is gone)."""
-    import selectors
-
-    module, _, name = kind_ref.partition(":")
-    kind = getattr(importlib.import_module(module), name)
-    ctl = socket.socket(fileno=ctl_fd)
-    listener = socket.socket(fileno=listen_fd)
-    processes.set_name("dtlabs-warm")
-    # what a cold kernel would find for libgomp's and MKL's thread counts: never initialised here (no parallel op)
-    failed = []
-    for name in kind.preload:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a child imports it again and reports what is wrong
-            failed.append(f"{name}: {type(exc).__name__}")
-        if _threads() > 1:
-            ctl.send(json.dumps({"error": f"importing {name} started a thread: forking from it is unsafe"}).encode())
-            os._exit(1)
-    if kind.prepare:
-        _call(kind.prepare)
-    ctl.send(json.dumps({"ready": True, "failed": failed}).encode())
-    key = import_key(os.environ)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    sel = selectors.DefaultSelector()
-    sel.register(ctl, selectors.EVENT_READ, "ctl")
-    sel.register(listener, selectors.EVENT_READ, "listen")
-    sel.register(wake_r, selectors.EVENT_READ, "child")
-    kids: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
-    me = os.getpid()
-    while True:
-        for sk, _ in sel.select():
-            if sk.data == "ctl":
-                if not ctl.recv(1):
-                    for pid in kids:
-                        processes.killpg_quiet(pid)
-                    os._exit(0)
-            elif sk.data == "listen":
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    continue
-                pid = _fork_one(kind, conn, key, me, [ctl.fileno(), listener.fileno(), wake_r, wake_w,
-                                                *(c.fileno() for c in kids.values())])
-                if pid is None:
-                    conn.close()
-                else:
-                    kids[pid] = conn
-                    sel.register(conn, selectors.EVENT_READ, pid)
-            elif sk.data == "child":
-                try:
-                    os.read(wake_r, 4096)
-                except BlockingIOError:
-                    pass
-                for pid, code in processes.reap_children():
-                    conn = kids.pop(pid, None)
-                    if conn is not None:
-                        try:
-                            sel.unregister(conn)
-                        except (KeyError, ValueError):
-                            pass  # its caller was gone first (below)
-                        try:
-                            conn.send(json.dumps({"code": code}).encode())
-                        except OSError:
-                            pass
-                        conn.close()
-            else:  # the caller closed its connection (shut down, or died): its kernel goes too
-                pid = sk.data
-                try:
-                    gone = not sk.fileobj.recv(1)
-                except OSError:
-                    gone = True
-                if gone:
-                    sel.unregister(sk.fileobj)
-                    processes.killpg_quiet(pid)
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-
-
-def _fork_one(kind: Kind, conn: socket.socket, key: str, server: int, close_fds) -> int | None:
-    """Read one request from ``conn`` and fork it; the child's pid once it leads its own session, else None."""
-    conn.settimeout(5)
-    try:
-        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[2]
-        if uid != os.getuid():
-            return None  # only its own user's processes may have it fork
-        data, fds, _, _ = socket.recv_fds(conn, 1 << 22, 8)
-        request = json.loads(data)
-    except (OSError, ValueError):
-        return None
-    refusal = None
-    if import_key(request["env"]) != key:
-        refusal = f"the {kind.name}'s interpreter or import environment differs from the warm server's"
-    elif len(_env_blob(request["env"])) > _area("env")[1] - _area("env")[0]:
-        refusal = f"the {kind.name}'s environment is larger than a forked one can show in /proc/PID/environ"
-    if refusal:
-        for f in fds:
-            os.close(f)
-        conn.send(json.dumps({"error": refusal}).encode())
-        return None
-    ready_r, ready_w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        os.close(ready_r)
-        code = 1
-        try:
-            _become(kind, request, fds, server, [*close_fds, conn.fileno()], ready_w)
-            code = _call(kind.run, request)
-        except SystemExit as exc:  # as the interpreter exits: an int, None (0) or a message on stderr (1)
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:
-                print(exc.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 - reported as the interpreter would, then exit 1
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            try:
-                import atexit
-
-                atexit._run_exitfuncs()
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
-    os.close(ready_w)
-    for f in fds:
-        os.close(f)
-    ok = _wait_readable(ready_r, FORK_TIMEOUT_S) and os.read(ready_r, 1) == b"1"
-    os.close(ready_r)
-    if not ok:
-        processes.killpg_quiet(pid)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        conn.send(json.dumps({"error": f"the forked {kind.name} failed to set itself up"}).encode())
-        return None
-    try:
-        conn.send(json.dumps({"pid": pid}).encode())
-    except OSError:  # the caller gave up waiting (and starts cold): this child must not run beside that one
-        processes.killpg_quiet(pid)
-        return None
-    conn.settimeout(None)
-    return pid
-
-
-def _wait_readable(fd: int, timeout: float) -> bool:
-    import select
-
-    return bool(select.select([fd], [], [], timeout)[0])
-
-
-def _area(kind: str) -> tuple[int, int]:
-    """This process's original command line ("arg") or environment ("env") block: what /proc/PID/cmdline and
-    /proc/PID/environ show (fields 48-51 of /proc/PID/stat)."""
-    with open("/proc/self/stat") as fh:
-        stat = fh.read()
-    fields = stat[stat.rindex(")") + 2:].split()
-    start, end = (int(fields[45]), int(fields[46])) if kind == "arg" else (int(fields[47]), int(fields[48]))
-    return start, end
-
-
-def _env_blob(env: dict) -> bytes:
-    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
-
-
-def _show(kind: str, blob: bytes) -> None:
-    """Write ``blob`` over this process's original command line or environment block, what ``ps`` and psutil read
-    (as setproctitle rewrites argv). Only the process's own memory: no privilege is needed."""
-    start, end = _area(kind)
-    blob = blob[: end - start - 1]
-    ctypes.memmove(start, blob.ljust(end - start, b"\0"), end - start)
-
-
-def _become(kind: Kind, request: dict, fds, server: int, close_fds, ready_w: int) -> None:
-    """In the forked child: become the process a cold start would have made, then tell the server (``ready_w``)."""
-    processes.die_with_parent(server)
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for f in close_fds:
-        try:
-            os.close(f)
-        except OSError:
-            pass
-    os.setsid()  # before the server replies: the caller signals this process group
-    processes.set_name(os.path.basename(sys.executable))  # the name a cold start has, not the server's
-    for target_fd, f in zip((0, 1, 2), fds):
-        os.dup2(f, target_fd)
-    for f in fds:
-        if f > 2:
-            os.close(f)
-    os.umask(request["umask"])
-    for name, (soft, hard) in request["rlimits"].items():
-        try:
-            resource.setrlimit(getattr(resource, name), (soft, hard))
-        except (ValueError, OSError, AttributeError):
-            pass  # a limit above the server's hard one stays the server's (lower)
-    os.chdir(request["cwd"])
-    env = request["env"]
-    os.environ.clear()
-    os.environ.update(env)
-    _show("env", _env_blob(env))
-    _show("arg", b"\0".join(a.encode() for a in [sys.executable, "-m", kind.module, *request["argv"]]))
-    import tempfile
-
-    tempfile.tempdir = None  # found again from the kernel's TMPDIR
-    # sys.path is the server's, built from the same PYTHONPATH (import_key) under -P -s; the kind's run adds the
-    # folder as its cold start would. The user's site-packages come unless PYTHONNOUSERSITE says not (after the
-    # site-packages, where a cold start puts them before).
-    if not env.get("PYTHONNOUSERSITE"):
-        import site
-
-        user_site = site.getusersitepackages()
-        if os.path.isdir(user_site):
-            site.ENABLE_USER_SITE = True
-            site.addsitedir(user_site)
-    if "numpy" in sys.modules:  # numpy seeds its global generator at import: a fresh seed, as a cold kernel's
-        sys.modules["numpy"].random.seed()
-    _openblas_threads(env)
-    if "torch" in sys.modules and env.get("OMP_NUM_THREADS", "").isdigit():
-        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
-    sys.stdout.flush()
-    os.write(ready_w, b"1")
-    os.close(ready_w)
-
-
-def _openblas_threads(env: dict) -> None:
-    """Give numpy's OpenBLAS the threads a cold import would start with (the server imported it with one)."""
-    wanted = next((env[v] for v in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
-                   if env.get(v, "").isdigit()), None)
-    n = int(wanted) if wanted else len(os.sched_getaffinity(0))
-    if n <= 1:
-        return
-    with open("/proc/self/maps") as fh:
-        libs = {line.split()[-1] for line in fh if "openblas" in line.rsplit("/", 1)[-1].lower()}
-    for path in libs:
-        lib = ctypes.CDLL(path)
-        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
-            if hasattr(lib, name):
-                getattr(lib, name)(n)
-                break
-
-
-def run_kernel(request: dict) -> int:
-    """The kernel itself, as ``python -m ipykernel_launcher ARGV`` runs it. The folder: IPython puts '' before
-    site-packages unless the kernel ignores it or runs under -P/PYTHONSAFEPATH, which it reads from sys.flags (the
-    server's -P): done here as it would be."""
-    import ipykernel_launcher  # noqa: F401 - only its path, for sys.argv[0] as runpy would set it
-    from ipykernel import kernelapp
-
-    if not os.environ.get("PYTHONSAFEPATH") and "--IPKernelApp.ignore_cwd=True" not in request["argv"]:
-        at = next((i for i, p in enumerate(sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")), 0)
-        sys.path.insert(at, "")
-
-    sys.argv = [ipykernel_launcher.__file__, *request["argv"]]
-    # the two settings ipykernel reads from the environment when it is imported (the server's, without them)
-    kernelapp.IPKernelApp.launch_instance(parent_handle=int(os.environ.get("JPY_PARENT_PID") or 0),
-                                          interrupt=int(os.environ.get("JPY_INTERRUPT_EVENT") or 0))
-    return 0
