@@ -1,4 +1,4 @@
-"""Every repository path a document names exists: the docs (*.md); the comments and docstrings of the package, the
+"""Every repository path a document names exists: the docs (*.md, but CHANGELOG.md: history names what was); the comments and docstrings of the package, the
 tests, the benchmarks, the course's grader files, the Makefile and CI's scripts; the labs' markdown and comments.
 
 What counts as a path:
@@ -39,7 +39,7 @@ TITLED_RE = re.compile(r"([\w./-]*\w\.md),\s+\"([^\"]+)\"")
 
 
 def _documents() -> list[Path]:
-    docs = sorted(ROOT.glob("*.md"))
+    docs = sorted(p for p in ROOT.glob("*.md") if p.name != "CHANGELOG.md")  # history names what was there then
     for folder in ("grader", "benchmarks", "tests", "solutions", "lab_utils", ".ci"):
         docs += sorted(p for p in (ROOT / folder).rglob("*.md") if "work" not in p.relative_to(ROOT).parts[:2])
     return docs

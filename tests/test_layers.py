@@ -19,9 +19,6 @@ LAYERS = ("launcher", "labkit", "grading")
 ALLOWED = {"launcher": set(), "labkit": {"launcher"}, "grading": {"launcher", "labkit"}}
 MAX_MODULES_PER_FOLDER = 12
 MAX_LINES_PER_MODULE = 400
-# Modules over the bound that are not cut yet, each at most as long as it is now: the list may only shrink (an entry
-# that fits the bound again is an error too, so it is taken off). Cutting them along their jobs is open work.
-OVER_THE_BOUND: dict = {}
 
 
 def _module_name(path: Path) -> str:
@@ -132,15 +129,8 @@ def test_no_folder_holds_more_than_twelve_modules():
 
 def _too_long(lines_of: dict) -> list[str]:
     """What breaks the length bound, given {path relative to lab_utils/: its number of lines}."""
-    bad = []
-    for rel, n in sorted(lines_of.items()):
-        allowed = OVER_THE_BOUND.get(rel, MAX_LINES_PER_MODULE)
-        if n > allowed:
-            bad.append(f"{rel}: {n} lines (at most {allowed})")
-        elif rel in OVER_THE_BOUND and n <= MAX_LINES_PER_MODULE:
-            bad.append(f"{rel}: {n} lines, within the bound now: take it off OVER_THE_BOUND")
-    bad += [f"{rel}: listed in OVER_THE_BOUND but not there" for rel in sorted(set(OVER_THE_BOUND) - set(lines_of))]
-    return bad
+    return [f"{rel}: {n} lines (at most {MAX_LINES_PER_MODULE})" for rel, n in sorted(lines_of.items())
+            if n > MAX_LINES_PER_MODULE]
 
 
 def _lines_of() -> dict:
@@ -153,13 +143,10 @@ def test_no_module_is_longer_than_four_hundred_lines():
 
 
 def test_the_length_bound_would_have_caught_the_uncut_relay_and_proxy():
-    """The test above could fail: relay.py (730 lines) and proxy.py (562) before they were cut, a listed module that
-    grows, and a listed module that fits again all break it."""
+    """The test above could fail: relay.py (730 lines) and proxy.py (562) before they were cut break it."""
     lines = _lines_of()
     assert _too_long({**lines, "launcher/relay.py": 730, "grading/split/proxy.py": 562}) == [
         "grading/split/proxy.py: 562 lines (at most 400)", "launcher/relay.py: 730 lines (at most 400)"]
-    assert _too_long({**lines, "grading/batch.py": OVER_THE_BOUND["grading/batch.py"] + 1})
-    assert _too_long({**lines, "grading/batch.py": 100})
 
 
 @pytest.mark.parametrize("statement", ["import lab_utils", "from lab_utils import launch, run_as_student, Traffic",
