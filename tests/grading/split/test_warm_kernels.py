@@ -138,6 +138,7 @@ asyncio.run(go())
 def test_a_kernel_dies_with_the_process_that_started_it(no_leaked_processes, monkeypatch, shared):
     """As a cold kernel's parent poller ends it: whether the client used an inherited server (which kills the kernel
     when the client's connection closes) or its own (which dies with the client, and its kernels with it)."""
+    monkeypatch.delenv(warm.ADDRESS_VAR, raising=False)  # this process's own server, not one an xdist controller shares
     env = dict(os.environ)
     if shared:
         env.update(warm.shared_env(env))
@@ -246,7 +247,7 @@ def test_a_kernel_of_another_interpreter_path_forks_from_a_server_on_that_path(t
 
 @pytest.mark.slow
 def test_an_autograde_forks_its_grader_kernel_from_the_grading_process_server(synthetic_course, tmp_path,
-                                                                             no_leaked_processes):
+                                                                             no_leaked_processes, monkeypatch):
     """The nbgrader run an autograde starts is handed this process's kernel server (ADDRESS_VAR) and forks its
     grader kernel there: the server reaps it (its children's CPU grows) and no kernel says it started cold."""
     import shutil
@@ -261,6 +262,7 @@ def test_an_autograde_forks_its_grader_kernel_from_the_grading_process_server(sy
     rel = nbformat.read(str(root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
     src = nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     grading.submit(root, "alice", lab, grading.fill_solutions(rel, src))
+    monkeypatch.delenv(warm.ADDRESS_VAR, raising=False)  # the grading process's own server, not an xdist controller's
     server = warm.own_server(warm.KERNEL, dict(os.environ))
     before = psutil.Process(server.proc.pid).cpu_times()
     run = grading.autograde(lab, course_root=root)
