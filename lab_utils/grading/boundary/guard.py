@@ -113,7 +113,8 @@ class StartupWatch:
     reinstall can put it back."""
 
     def __init__(self, roots, config_roots=(), jupyter_roots=(), skip_names=("runtime", "__pycache__")):
-        self.roots = [Path(r) for r in roots if Path(r).exists()]  # every file counts
+        roots = sorted({Path(r) for r in roots if Path(r).exists()}, key=lambda r: len(r.parts))
+        self.roots = [r for i, r in enumerate(roots) if not any(q in r.parents for q in roots[:i])]  # every file counts
         self.config_roots = [Path(r) for r in config_roots if Path(r).exists()]  # files that configure or run code
         self.jupyter_roots = [Path(r) for r in jupyter_roots if Path(r).exists()]  # what Jupyter reads there only
         self.skip_names = set(skip_names)
