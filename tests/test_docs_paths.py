@@ -1,5 +1,6 @@
-"""Every repository path a document names exists: the docs (*.md, but CHANGELOG.md: history names what was); the comments and docstrings of the package, the
-tests, the benchmarks, the course's grader files, the Makefile and CI's scripts; the labs' markdown and comments.
+"""Every repository path a document names exists: the docs (*.md, but CHANGELOG.md: history names what was); the
+comments and docstrings of the package, the tests, the benchmarks, the course's grader files, the Makefile and CI's
+scripts; the labs' markdown and comments.
 
 What counts as a path:
 
