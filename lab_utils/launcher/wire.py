@@ -45,13 +45,18 @@ class FrameTooLarge(ValueError):
 def read_frame(fd: int, max_bytes: int | None = None) -> bytes | None:
     """One frame's payload, or None at end of stream. ``max_bytes``: refuse (``FrameTooLarge``) a frame declared
     larger, before reading it: what a header declares is the sender's to choose."""
-    header = read_exact(fd, _HEADER.size)
+    return _frame(lambda n: read_exact(fd, n), max_bytes)
+
+
+def _frame(read, max_bytes: int | None) -> bytes | None:
+    """One frame through ``read(n)`` (n bytes, or None at end of stream), its declared size checked first."""
+    header = read(_HEADER.size)
     if header is None:
         return None
     (size,) = _HEADER.unpack(header)
     if max_bytes is not None and size > max_bytes:
         raise FrameTooLarge(size, max_bytes)
-    return read_exact(fd, size) if size else b""
+    return read(size) if size else b""
 
 
 def send_json(sock, obj, fds=()) -> None:
@@ -105,13 +110,7 @@ def recv_exact(sock, n: int) -> bytes | None:
 
 def recv_frame(sock, max_bytes: int | None = None) -> bytes | None:
     """``read_frame`` on a socket object: one frame's payload, or None at end of stream."""
-    header = recv_exact(sock, _HEADER.size)
-    if header is None:
-        return None
-    (size,) = _HEADER.unpack(header)
-    if max_bytes is not None and size > max_bytes:
-        raise FrameTooLarge(size, max_bytes)
-    return recv_exact(sock, size) if size else b""
+    return _frame(lambda n: recv_exact(sock, n), max_bytes)
 
 
 def send_message(sock, header: dict, payload: bytes = b"") -> None:
