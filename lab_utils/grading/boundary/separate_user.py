@@ -66,6 +66,13 @@ print(json.dumps(found))
 """
 
 
+def unwritable(protect) -> list[str]:
+    """What the separate user must not write besides ``protect``: what every later grading runs
+    (``mounts.installed_paths``) and the folders holding ``protect`` (the course itself: no submission adds a file
+    to it). ``fix`` makes them so, ``exposure`` checks them."""
+    return mounts.installed_paths() + sorted({str(Path(p).parent) for p in protect})
+
+
 def fix(name: str, course_root=None) -> list[str]:
     """``dtlabs doctor --grading --fix`` (as root): create the separate user if missing, close the course's answers
     and gradebooks to others and make what it may only read unwritable to others. Returns what it did."""
@@ -80,9 +87,8 @@ def fix(name: str, course_root=None) -> list[str]:
         subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
                         "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
         done.append(f"created the user {name!r}")
-    parents = {str(Path(p).parent) for p in course_paths(course_root)}
-    for path, drop in [*((p, 0o007) for p in course_paths(course_root)),
-                       *((p, 0o002) for p in [*mounts.installed_paths(), *sorted(parents)])]:
+    closed = course_paths(course_root)
+    for path, drop in [*((p, 0o007) for p in closed), *((p, 0o002) for p in unwritable(closed))]:
         if os.path.isdir(path) and not os.path.islink(path):
             mode_now = stat.S_IMODE(os.stat(path).st_mode)
             if mode_now & drop:
@@ -100,11 +106,10 @@ def exposure(name: str, protect=(), read_only=()) -> list[str]:
     entry, why = lookup(name)
     if entry is None:
         return [why]
-    parents = {str(Path(p).parent) for p in protect}  # the course itself: no submission adds a file to it
     try:
         run = subprocess.run(
             [sys.executable, "-I", "-S", "-c", EXPOSURE_CHECK,
-             json.dumps([list(protect), mounts.installed_paths() + sorted(parents) + list(read_only)])],
+             json.dumps([list(protect), unwritable(protect) + list(read_only)])],
             user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     except OSError as exc:  # this Python lies where that user cannot go (a venv made from a Python under /root)
