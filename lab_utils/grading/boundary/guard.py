@@ -196,4 +196,4 @@ def startup_watch() -> StartupWatch:
 
     config = writable(mine)
     return StartupWatch(installed, config, [p for p in writable(jupyter)
-                                            if not any(p == c or p.startswith(c + os.sep) for c in config)])
+                                            if not any(mounts.within(p, c) for c in config)])
