@@ -271,3 +271,13 @@ def test_an_autograde_forks_its_grader_kernel_from_the_grading_process_server(sy
     assert "starts cold" not in run.output, run.output[-3000:]
     assert after.children_user + after.children_system > before.children_user + before.children_system, (
         "no kernel forked by the grading process's server ended during the autograde")
+
+
+def test_the_openblas_a_kernel_sets_threads_of_is_found_under_a_path_with_spaces():
+    """A course under a folder with a space: the mapped library's path is the rest of the maps line, not its last
+    word (a kernel forked in "/tmp/ci x/..." failed to set itself up)."""
+    from lab_utils.grading.split.warm.forked import mapped_files
+
+    lines = ["7f00-7f10 r-xp 00000000 08:01 123   /tmp/my course/.venv/numpy.libs/libscipy_openblas64_-32a.so\n",
+             "7f10-7f20 r--p 00000000 08:01 124   /usr/lib/libc.so.6\n", "7f20-7f30 rw-p 00000000 00:00 0\n"]
+    assert mapped_files(lines, "openblas") == {"/tmp/my course/.venv/numpy.libs/libscipy_openblas64_-32a.so"}

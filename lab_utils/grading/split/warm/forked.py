@@ -261,6 +261,13 @@ def _become(kind: Kind, request: dict, fds, server: int, close_fds, ready_w: int
     os.close(ready_w)
 
 
+def mapped_files(maps_lines, needle: str) -> set[str]:
+    """The files of ``/proc/PID/maps`` lines whose name holds ``needle``: each line is address, perms, offset, dev,
+    inode and the path, which may hold spaces (a course under "/tmp/my course")."""
+    fields = (line.rstrip("\n").split(maxsplit=5) for line in maps_lines)
+    return {f[5] for f in fields if len(f) == 6 and needle in f[5].rsplit("/", 1)[-1].lower()}
+
+
 def _openblas_threads(env: dict) -> None:
     """Give numpy's OpenBLAS the threads a cold import would start with (the server imported it with one)."""
     wanted = next((env[v] for v in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
@@ -269,7 +276,7 @@ def _openblas_threads(env: dict) -> None:
     if n <= 1:
         return
     with open("/proc/self/maps") as fh:
-        libs = {line.split()[-1] for line in fh if "openblas" in line.rsplit("/", 1)[-1].lower()}
+        libs = mapped_files(fh, "openblas")
     for path in libs:
         lib = ctypes.CDLL(path)
         for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
