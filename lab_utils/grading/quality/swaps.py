@@ -7,10 +7,15 @@ subject, tests in the grader kernel, scores by nbgrader's own ``determine_grade`
 
 1. the lab's source notebook runs once with the solution typed in and the demo cells left out: the *baseline*;
 2. each swap replaces one or more answer cells, re-runs every cell from the first replaced one on (up to the last
-   graded cell that matters to it), and scores the graded cells it ran;
-3. the solution's cells are run again (restoring the session), and the next swap starts;
-4. at the end every graded cell runs once more: the *control*, which must equal the baseline, or a swap left the
-   session changed and the verdicts after it cannot be trusted.
+   graded cell that matters to it), and scores the graded cells it ran. Swaps run latest first replaced cell
+   first: every cell before a swap's first one then still holds what the solution defined (earlier swaps only
+   re-ran cells from their own, later, first cell on), and the swap re-runs everything from there, so nothing
+   has to be put back between swaps;
+3. after the last swap the solution's cells are run again once, over every cell a swap ran (restoring the
+   session);
+4. then every graded cell runs once more: the *control*, which must equal the baseline, or a swap left the
+   session changed (outside the cells it re-ran: a file, a process, a patched module) and the verdicts after it
+   cannot be trusted.
 
 It is a test of the tests, not a grade: a student's submission is always graded alone (``dtlabs grade``). The same
 answers graded one submission each (``DTLABS_FULL=1`` in tests/labs/test_labs.py) give the same verdicts,
@@ -63,7 +68,7 @@ class SwapReport:
     baseline: SwapResult
     results: dict                                 # swap name -> SwapResult
     control: SwapResult
-    restore_errors: list                          # "swap: cell: error" where putting the solution back failed
+    restore_errors: list                          # "restore: cell: error" where putting the solution back failed
     mode: str                                     # the sandbox mode of the session's subject
     seconds: float
 
@@ -108,13 +113,15 @@ class SwapSession(SplitExecute):
                 mode = _mode(nb.cells[0])
                 self.defines = {}  # grader cell index -> the names it defined in the baseline
                 baseline = self._run(range(1, len(nb.cells)), {}, note_names=True)
-                results, restore_errors = {}, []
-                for swap in swaps:
+                results, touched = {}, None
+                for swap in sorted(swaps, key=lambda s: -self._span(s).start):  # latest first (module docstring)
                     span = self._span(swap)
                     self._forget([n for i in span for n in self.defines.get(i, ())])
                     results[swap.name] = res = self._run(span, swap.answers, first_loss=swap.first_loss)
-                    restore_errors += [f"{swap.name}: {e}" for e in self._restore(range(span.start, res.last + 1))]
+                    touched = range(span.start, max(res.last, touched.stop - 1 if touched else -1) + 1)
+                restore_errors = [f"restore: {e}" for e in self._restore(touched or range(0))]
                 control = self._run([i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _graded(c)], {})
+        results = {s.name: results[s.name] for s in swaps}
         return SwapReport("", baseline, results, control, restore_errors, mode, time.monotonic() - start)
 
     # -------------------------------------------------------------------------------------------- internals
