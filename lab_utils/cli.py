@@ -108,8 +108,9 @@ def _release(args) -> Status:
 
 
 def _validate(args) -> Status:
-    from lab_utils.grading.validate import course_of, validate
+    from lab_utils.grading.validate import course_of, prestart_kernel, validate
 
+    prestart_kernel()  # before the course's settings are read: that imports nbgrader, as long as the server imports
     return validate(args.notebook, settings=_course_settings(course_of(args.notebook), cell_timeout=args.timeout))
 
 
@@ -364,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run one ``dtlabs`` command and return its exit code (``ExitCode``; argparse's own 2 for bad usage)."""
     args = build_parser().parse_args(argv)
+    from lab_utils.processes import share_cores
+
+    share_cores(os.environ)  # every command's kernels, subjects, ranks and runs share the cores: none spins for them
     try:
         return exit_code(args.func(args))
     except tuple(ERRORS) as exc:  # a course that cannot be found or read: say so, no traceback

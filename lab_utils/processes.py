@@ -26,6 +26,21 @@ def python_path(extra: str | None = None) -> str:
     return os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), extra) if p)
 
 
+# libgomp (torch's OpenMP) lets a thread that finishes a parallel region first spin for the others. Where processes
+# share the cores (a grading's kernel, sandboxed subject and ranks; gradings side by side; the test suite's workers),
+# the spinning thread burns the core the one it waits for needs: the same work in 2 and 4 processes on 2 cores took
+# 1.8x and 2.5x the CPU-seconds (benchmarks/bench_omp_wait.py). PASSIVE sleeps instead. A policy the user set wins.
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def share_cores(env: dict) -> dict:
+    """``env`` with ``SHARED_CORES_ENV`` where it sets nothing else; for processes that run beside others. Only
+    before the process imports torch: libgomp reads it once."""
+    for key, value in SHARED_CORES_ENV.items():
+        env.setdefault(key, value)
+    return env
+
+
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36

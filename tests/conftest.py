@@ -12,11 +12,14 @@ from helpers.processes import TEST_TOKEN_VAR, assert_no_leftovers
 from helpers.schedule import expected_s
 from helpers.synthetic import SYNTHETIC_LAB, grade_class, make_synthetic_course
 from lab_utils import grading
+from lab_utils.processes import share_cores
 from lab_utils.status import Status
 
 # The canary's kept verdicts: one folder per test run (pytest-xdist's workers share it), never the developer's own.
 os.environ.setdefault("DTLABS_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"dtlabs-test-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or uuid.uuid4().hex}"))
+# Every process a test starts shares the two cores with three other workers' (lab_utils.processes.share_cores).
+share_cores(os.environ)
 # Grader kernels of every test, in this process or in a `dtlabs` it runs, fork from one warm server (an empty
 # update where c.DTLabs.warm_kernels is off or no server can run: the kernels then start cold and say why).
 from lab_utils.grading.split.warm import shared_env  # noqa: E402

@@ -37,8 +37,8 @@ from lab_utils.grading.boundary import mounts, separate_user
 from lab_utils.grading.boundary.watchdog import Box, Limits, limit_resources
 
 # the variables a subject keeps; everything else (DTLABS_COURSE_ROOT, JUPYTER_*, tokens...) is dropped
-KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-            "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS",
+            "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_SPEC",
             "DTLABS_TEST_TOKEN", "DTLABS_GRADING_TOKEN")  # random markers the leak checks count processes by
 UNPROTECTED_WARNING = (
     "dtlabs: grading WITHOUT A BOUNDARY (--unprotected): submissions run as this user, with resource limits only. "
@@ -195,7 +195,7 @@ def shared_tmp(workdir) -> Path:
 
 
 def _env(home: str, extra: dict) -> dict:
-    env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+    env = processes.share_cores({k: os.environ[k] for k in KEEP_ENV if k in os.environ})  # beside its kernel
     env.update(HOME=home, TMPDIR=str(shared_tmp(home)), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                MPLBACKEND="module://matplotlib_inline.backend_inline", MPLCONFIGDIR=os.path.join(home, ".mpl"),
                PYDEVD_DISABLE_FILE_VALIDATION="1",
