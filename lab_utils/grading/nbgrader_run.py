@@ -22,8 +22,10 @@ server runs nothing else, so no run sees another's state. Where the server canno
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -177,6 +179,10 @@ def run_nbgrader(args, *, course_root=None, settings=None, timeout=None, echo=Fa
     env = nbgrader_env(course_root, config_root, leave_out)
     env.update(env_extra or {})
     env[TOKEN_VAR] = token
+    # The run's own temp folder, removed below: a run killed at its limit never gets to remove what it made there
+    # (the kernel's and the subject's folders, SplitExecute.split)
+    run_tmp = tempfile.mkdtemp(prefix="dtlabs-run-", dir=env.get("TMPDIR"))
+    env["TMPDIR"] = run_tmp
     dt = settings if settings is not None else dtlabs.load()  # load: the environment's
     if dt.warm_kernels and args and str(args[0]) in ("autograde", "validate"):  # kernels fork from our server
         from lab_utils.grading.split.warm import shared_env
@@ -212,6 +218,7 @@ def run_nbgrader(args, *, course_root=None, settings=None, timeout=None, echo=Fa
             proc.wait()
         t.join(timeout=5)
         reaped = reap(token, grace_s=1.0)
+        shutil.rmtree(run_tmp, ignore_errors=True)
     return NbgraderRun(cmd[3:], proc.returncode, "".join(lines), time.monotonic() - start, timed_out, reaped)
 
 

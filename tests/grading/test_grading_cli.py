@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -392,16 +393,22 @@ def test_grade_stops_a_submission_at_the_course_submission_timeout(synthetic_cou
 def test_grade_one_stops_a_submission_at_the_submission_timeout_of_the_environment(synthetic_course, tmp_path,
                                                                                   no_leaked_processes, capsys,
                                                                                   monkeypatch):
-    """`DTLABS_SUBMISSION_TIMEOUT` takes effect in `dtlabs grade-one` (a Slurm array task)."""
+    """`DTLABS_SUBMISSION_TIMEOUT` takes effect in `dtlabs grade-one` (a Slurm array task), and the run it killed
+    leaves nothing in the temp folder (its kernel's and subject's folders go with the run's own temp folder)."""
     root = tmp_path / "course"
     shutil.copytree(synthetic_course, root)
     rel, src = _notebooks(root)
     grading.submit(root, "sleepy", LAB, grading.fill_solutions(rel, src, SLEEPS))
     monkeypatch.setenv("DTLABS_SUBMISSION_TIMEOUT", str(LIMIT_S))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     cli.main(["grade-one", LAB, "sleepy", "--out", str(tmp_path / "results"), "--course-root", str(root)])
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith(f"sleepy/{LAB}: "))
     assert f"wall-clock limit: grading took over {LIMIT_S} s" in line and "3/3" not in line, out
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("dtlabs-")], sorted(p.name for p in tmp.iterdir())
 
 
 @pytest.mark.slow
