@@ -25,15 +25,22 @@ def course_of(notebook) -> Path | None:
     return next((d for d in Path(notebook).resolve().parents if is_course(d)), None)
 
 
-def validate(notebook, *, settings=None, stream=None) -> Status:
-    """The student's pre-submission check: nbgrader's Validator, printed as nbgrader prints it, with an exit
-    status (DONE: every test passes and no locked cell changed; INCOMPLETE: not so; REFUSED: cannot run), under the command's
-    ``settings`` (default: those of the notebook's course, ``course_of``)."""
+def prestart_kernel(settings=None) -> None:
+    """Start the warm server of validate's one grader kernel now, where ``settings`` (default: the environment's)
+    leave warm kernels on: it imports torch while the caller imports nbgrader. A course that turns them off leaves
+    the server unused; it ends with this process."""
     from lab_utils import settings as dtlabs_settings
     from lab_utils.grading.split import warm
 
     if (settings if settings is not None else dtlabs_settings.load()).warm_kernels:
-        warm.prestart(warm.KERNEL, dict(os.environ))  # the kernel's server imports while nbgrader is imported here
+        warm.prestart(warm.KERNEL, dict(os.environ))
+
+
+def validate(notebook, *, settings=None, stream=None) -> Status:
+    """The student's pre-submission check: nbgrader's Validator, printed as nbgrader prints it, with an exit
+    status (DONE: every test passes and no locked cell changed; INCOMPLETE: not so; REFUSED: cannot run), under the command's
+    ``settings`` (default: those of the notebook's course, ``course_of``)."""
+    prestart_kernel(settings)  # the kernel's server imports while nbgrader is imported here (once per process)
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
     from traitlets import List
