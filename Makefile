@@ -29,22 +29,25 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --no-compile -e ".[test,bench]"
-	@# Lab 10's frameworks (DeepSpeed, Ray, TensorFlow, Accelerate) where they have wheels: Linux x86_64, Python < 3.14.
-	@# The constraint pins the torch installed above, so no framework can pull another (CUDA) build. FRAMEWORKS=0 skips.
-	@if [ "$(FRAMEWORKS)" != "0" ] && $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' and platform.machine() == 'x86_64' and sys.version_info < (3, 14)))"; then \
-		$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt; \
-		$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[frameworks]"; \
-	else echo "Lab 10's frameworks not installed (FRAMEWORKS=$(FRAMEWORKS), or no wheels for this platform): its framework tests will say so"; fi
-	@# Lab 11's kernels (Triton, numba, numba-cuda) where Triton has wheels: Linux x86_64 or aarch64, Python < 3.15.
-	@# The same constraint keeps the torch installed above (a CUDA torch pins the triton it was built with). KERNELS=0 skips.
-	@if [ "$(KERNELS)" != "0" ] && $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' and platform.machine() in ('x86_64', 'aarch64') and sys.version_info < (3, 15)))"; then \
-		$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt; \
-		$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[kernels]"; \
-	else echo "Lab 11's kernels not installed (KERNELS=$(KERNELS), or no Triton wheels for this platform): its kernel cells will say so"; fi
-	@# Bytecode on every core at once (pip compiles on one). A file that does not compile is not an error here, as
-	@# under pip: Python reads its source.
-	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
+	@# The course with its test tools and, where the platform has wheels, the optional extras, in one resolve:
+	@# Lab 10's frameworks (DeepSpeed, Ray, TensorFlow, Accelerate: Linux x86_64, Python < 3.14; FRAMEWORKS=0 skips)
+	@# and Lab 11's kernels (Triton, numba, numba-cuda: Linux x86_64 or aarch64, Python < 3.15; KERNELS=0 skips).
+	@# The constraint pins the torch installed above, so no extra can pull another (CUDA) build, and a CUDA torch
+	@# keeps the triton it was built with.
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt
+	@extras=test,bench; \
+	if [ "$(FRAMEWORKS)" != "0" ] && $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' and platform.machine() == 'x86_64' and sys.version_info < (3, 14)))"; then \
+		extras=$$extras,frameworks; \
+	else echo "Lab 10's frameworks not installed (FRAMEWORKS=$(FRAMEWORKS), or no wheels for this platform): its framework tests will say so"; fi; \
+	if [ "$(KERNELS)" != "0" ] && $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' and platform.machine() in ('x86_64', 'aarch64') and sys.version_info < (3, 15)))"; then \
+		extras=$$extras,kernels; \
+	else echo "Lab 11's kernels not installed (KERNELS=$(KERNELS), or no Triton wheels for this platform): its kernel cells will say so"; fi; \
+	echo "$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e \".[$$extras]\""; \
+	$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[$$extras]"
+	@# Bytecode on every core at once (pip compiles on one), but not for the packages' own test suites (a sixth of
+	@# the files; nothing here imports them). A file that does not compile is not an error here, as under pip:
+	@# Python reads its source.
+	$(PY) -m compileall -qq -j 0 -x '/tests?/' $(VENV)/lib || true
 	touch $@
 
 install: $(VENV)/.installed  ## create .venv and install the course package with its test tools
