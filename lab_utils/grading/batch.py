@@ -61,8 +61,8 @@ class _Batch:
     def _guard(self) -> Reason | None:
         """Put back what the last submission changed in the course (unprotected); the grade line's note."""
         touched = self.guard.restore() if self.guard is not None else []  # GuardError stops the batch
-        if self.guard is not None:
-            self.guard.snapshot()  # this process's own writes (the merge, the manifest) are the new baseline
+        if self.guard is not None:  # this process's own writes (the merge, the manifest) are the new baseline
+            self.guard.snapshot(watch=False)  # the startup watch's is the tree restore's check left
         return _put_back_reason(touched, self.course_root)
 
     def record(self, lab, student, digest, res: Result | None, failure: Reason | None) -> None:
@@ -95,7 +95,7 @@ class _Batch:
                 self.manifest.pop(f"{lab}/{student}", None)
                 self.out(f"   NOT GRADED: {student}/{lab} ({why or 'nbgrader produced no grade; see its log'})")
         if self.guard is not None:
-            self.guard.snapshot()
+            self.guard.snapshot(watch=False)
         if self.bar is not None:
             self.bar.set_postfix_str(f"{student}/{lab} {'ok' if merged else 'NOT GRADED'}")
             self.bar.update(1)

@@ -40,9 +40,11 @@ class Guard:
                     for name in filenames:
                         yield here / name
 
-    def snapshot(self) -> None:
-        """Remember every guarded file now (call it while no submission runs)."""
-        if self.watch is not None:
+    def snapshot(self, watch: bool = True) -> None:
+        """Remember every guarded file now (call it while no submission runs). ``watch=False`` right after
+        ``restore``: the startup watch keeps the tree its check just left (scanning it again costs about a second
+        per hundred thousand files, and only this process, which writes none of it, ran since)."""
+        if self.watch is not None and watch:
             self.watch.snapshot()
         self.files = {}
         for path in self._walk():
@@ -170,6 +172,8 @@ class StartupWatch:
         if broken:
             raise GuardError(f"a submission changed what every later grading runs, which only a reinstall puts back: "
                              f"{', '.join(sorted(broken)[:5])}")
+        removed = set(added) | {p for p in now if p.endswith((".pyc", ".pyo")) and now[p] != self.seen.get(p)}
+        self.seen = {p: info for p, info in now.items() if p not in removed}  # the tree as this check left it
         return added
 
 

@@ -122,6 +122,31 @@ def test_a_new_pth_file_or_startup_script_is_removed_and_named(startup):
     assert not (venv / "backdoor.pth").exists() and not (ipython / "00-backdoor.py").exists()
 
 
+def test_grading_scans_the_startup_folders_once_per_submission(startup, tmp_path, monkeypatch):
+    """After each submission grading puts the course back and re-baselines it (``restore``, then
+    ``snapshot(watch=False)``): the startup folders are scanned once there, by the check (a scan costs about a second
+    per hundred thousand files), and what the next submission plants is still caught."""
+    venv, ipython, _, watch = startup
+    scans = []
+    scan = watch._scan
+    monkeypatch.setattr(watch, "_scan", lambda: scans.append(1) or scan())
+    guard = Guard([tmp_path / "course" / "grader" / "work"], watch=watch)
+    guard.snapshot(watch=False)
+    (venv / "backdoor.pth").write_text("import os")
+    (venv / "__pycache__").mkdir()
+    (venv / "__pycache__" / "torch.cpython-311.pyc").write_bytes(b"rebuilt by Python")
+    assert [Path(p).name for p in guard.restore()] == ["backdoor.pth"]
+    guard.snapshot(watch=False)
+    assert len(scans) == 1
+    (ipython / "00-backdoor.py").write_text("import os")
+    assert [Path(p).name for p in guard.restore()] == ["00-backdoor.py"]
+    guard.snapshot(watch=False)
+    (venv / "torch.py").write_text("evil = 1")
+    with pytest.raises(GuardError, match=r"torch\.py"):
+        guard.restore()
+    assert len(scans) == 3
+
+
 def test_a_changed_kernel_spec_or_package_stops_grading(startup):
     venv, _, grader, watch = startup
     (grader / "kernels" / "python3" / "kernel.json").write_text('{"argv": ["sh"]}')
