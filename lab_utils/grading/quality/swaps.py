@@ -113,13 +113,13 @@ class SwapSession(SplitExecute):
                 mode = _mode(nb.cells[0])
                 self.defines = {}  # grader cell index -> the names it defined in the baseline
                 baseline = self._run(range(1, len(nb.cells)), {}, note_names=True)
-                results, touched = {}, None
-                for swap in sorted(swaps, key=lambda s: -self._span(s).start):  # latest first (module docstring)
-                    span = self._span(swap)
+                results, first, last = {}, len(nb.cells), -1  # the cells the swaps ran: first..last
+                spans = sorted(((self._span(s), s) for s in swaps), key=lambda p: -p[0].start)  # latest first
+                for span, swap in spans:
                     self._forget([n for i in span for n in self.defines.get(i, ())])
                     results[swap.name] = res = self._run(span, swap.answers, first_loss=swap.first_loss)
-                    touched = range(span.start, max(res.last, touched.stop - 1 if touched else -1) + 1)
-                restore_errors = [f"restore: {e}" for e in self._restore(touched or range(0))]
+                    first, last = span.start, max(last, res.last)
+                restore_errors = [f"restore: {e}" for e in self._restore(range(first, last + 1))]
                 control = self._run([i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _graded(c)], {})
         results = {s.name: results[s.name] for s in swaps}
         return SwapReport("", baseline, results, control, restore_errors, mode, time.monotonic() - start)
