@@ -62,7 +62,7 @@ class _Batch:
         """Put back what the last submission changed in the course (unprotected); the grade line's note."""
         touched = self.guard.restore() if self.guard is not None else []  # GuardError stops the batch
         if self.guard is not None:  # this process's own writes (the merge, the manifest) are the new baseline
-            self.guard.snapshot(watch=False)  # the startup watch's is the tree restore's check left
+            self.guard.snapshot(watch=False)  # the startup watch's still holds: restore's check just passed
         return _put_back_reason(touched, self.course_root)
 
     def record(self, lab, student, digest, res: Result | None, failure: Reason | None) -> None:

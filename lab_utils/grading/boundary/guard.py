@@ -42,8 +42,9 @@ class Guard:
 
     def snapshot(self, watch: bool = True) -> None:
         """Remember every guarded file now (call it while no submission runs). ``watch=False`` right after
-        ``restore``: the startup watch keeps the tree its check just left (scanning it again costs about a second
-        per hundred thousand files, and only this process, which writes none of it, ran since)."""
+        ``restore``: the startup watch keeps its baseline, which a passed check leaves true (what appeared is removed,
+        anything else changed stops grading; only bytecode may be gone), and scanning again costs about a second per
+        hundred thousand files with only this process, which writes none of it, run since."""
         if self.watch is not None and watch:
             self.watch.snapshot()
         self.files = {}
@@ -172,8 +173,6 @@ class StartupWatch:
         if broken:
             raise GuardError(f"a submission changed what every later grading runs, which only a reinstall puts back: "
                              f"{', '.join(sorted(broken)[:5])}")
-        removed = set(added) | {p for p in now if p.endswith((".pyc", ".pyo")) and now[p] != self.seen.get(p)}
-        self.seen = {p: info for p, info in now.items() if p not in removed}  # the tree as this check left it
         return added
 
 
