@@ -138,6 +138,7 @@ def test_interrupt_stops_every_rank_with_keyboard_interrupt_and_keeps_state(kern
             time.sleep(0.05)
         run_sync(kernel.client.km.interrupt_kernel)()  # the kernel's stop button
 
+    kernel.run("%%distributed\nkept = torch.ones(2) * (rank + 1)")  # this test's own state, not an earlier test's
     threading.Thread(target=interrupt_when_both_ranks_loop, daemon=True).start()
     cell = kernel.run(
         "%%distributed\nimport pathlib, time\n"
@@ -149,9 +150,9 @@ def test_interrupt_stops_every_rank_with_keyboard_interrupt_and_keeps_state(kern
     for r in (0, 1):
         assert f"[dist] rank {r} interrupted at Cell In[" in out and "line 5" in out, out
     assert "variables are kept" in out, out
-    cell = kernel.run("%%distributed\n(step < 5999, t.tolist())")  # the loop stopped early; state kept
+    cell = kernel.run("%%distributed\n(step < 5999, kept.tolist())")  # the loop stopped early; state kept
     out = kernel.text(cell)
-    assert "[rank 0] (True, [3.0, 3.0])" in out and "[rank 1] (True, [3.0, 3.0])" in out, out
+    assert "[rank 0] (True, [1.0, 1.0])" in out and "[rank 1] (True, [2.0, 2.0])" in out, out
 
 
 def test_a_collective_not_every_rank_entered_is_named_then_the_group_restarts(kernel):
