@@ -111,9 +111,11 @@ class StartupWatch:
     """Where code runs from when a grading process starts, watched across one unprotected submission: the venv and
     interpreter (a ``.pth`` file or ``sitecustomize`` in site-packages runs in every later Python), the user's
     Jupyter and IPython configuration and kernel specs, and user site-packages. These are too large to keep in
-    memory as ``Guard`` keeps the course, so ``check`` compares names, sizes and times: a file that appeared is
-    removed (so is any changed bytecode, which Python rebuilds), and any other change stops grading, since only a
-    reinstall can put it back."""
+    memory as ``Guard`` keeps the course, so ``check`` compares names, sizes, inodes, modes and times: a file that
+    appeared is removed (so is any changed bytecode, which Python rebuilds), and any other change stops grading, since
+    only a reinstall can put it back. The times include the inode's change time, which the kernel sets on every write
+    and ``utime`` and no ordinary user can set back: a module rewritten at the same size with its modification time
+    put back is still seen."""
 
     def __init__(self, roots, config_roots=(), jupyter_roots=(), skip_names=("runtime", "__pycache__")):
         roots = sorted({Path(r) for r in roots if Path(r).exists()}, key=lambda r: len(r.parts))
@@ -147,7 +149,7 @@ class StartupWatch:
                         st = os.lstat(path)
                     except OSError:
                         continue
-                    seen[path] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+                    seen[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
         return seen
 
     def snapshot(self) -> None:

@@ -6,6 +6,8 @@ cannot be put back.
 """
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +154,22 @@ def test_a_changed_kernel_spec_or_package_stops_grading(startup):
     (grader / "kernels" / "python3" / "kernel.json").write_text('{"argv": ["sh"]}')
     (venv / "torch.py").write_text("evil = 1")
     with pytest.raises(GuardError, match=r"kernel\.json.*torch\.py"):
+        watch.check()
+
+
+def test_a_package_rewritten_at_its_size_with_its_time_put_back_stops_grading(startup):
+    """What a careful backdoor does: the same number of bytes, and ``os.utime`` back to the old modification time.
+    The inode's change time (set by the kernel on the write and on ``utime``) still differs."""
+    venv, _, _, watch = startup
+    (venv / "torch.py").write_text("one = 1\n")
+    watch.snapshot()
+    st = os.stat(venv / "torch.py")
+    time.sleep(0.01)  # a later change time on file systems that keep coarse times
+    (venv / "torch.py").write_text("evil = 1")
+    os.utime(venv / "torch.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = os.stat(venv / "torch.py")
+    assert (now.st_size, now.st_mtime_ns, now.st_ino, now.st_mode) == (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+    with pytest.raises(GuardError, match=r"torch\.py"):
         watch.check()
 
 
