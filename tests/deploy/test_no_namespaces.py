@@ -185,5 +185,6 @@ def test_the_gradescope_bundle_grades_as_the_separate_user(course):
         results[name] = (res.returncode, res.stdout + res.stderr, json.loads((gs / "results" / "results.json").read_text()))
         assert "sandbox: user" in results[name][1], results[name][1]
         assert not (site / "zz_dtlabs_backdoor.pth").exists(), "the backdoor reached the autograder's venv"
+        assert not os.path.lexists(site / "sitecustomize"), "the linked sitecustomize reached the autograder's venv"
     assert results["backdoor"][2]["score"] <= 1, results["backdoor"]  # the honest answer's visible points at most
     assert results["release"][2]["score"] == 0, f"the release graded after the backdoor scored: {results['release']}"

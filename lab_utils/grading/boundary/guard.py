@@ -27,17 +27,22 @@ class Guard:
         self.roots = [Path(r) for r in roots]
         self.skip = [Path(s) for s in skip]
         self.files: dict[Path, bytes] = {}
+        self.links: dict[Path, str] = {}  # symbolic links to folders, and where they point
         self.watch = watch
 
     def _walk(self):
+        """Every file under the roots, and every symbolic link to a folder there (as a path, never followed: one a
+        submission plants is removed like a planted file)."""
         for root in self.roots:
             if root.is_file():
                 yield root
             elif root.is_dir():
                 for dirpath, dirnames, filenames in os.walk(root):
                     here = Path(dirpath)
-                    dirnames[:] = [d for d in dirnames if d != "__pycache__" and here / d not in self.skip]
-                    for name in filenames:
+                    linked = [d for d in dirnames if (here / d).is_symlink()]
+                    dirnames[:] = [d for d in dirnames
+                                   if d != "__pycache__" and here / d not in self.skip and d not in linked]
+                    for name in filenames + linked:
                         yield here / name
 
     def snapshot(self, watch: bool = True) -> None:
@@ -47,10 +52,13 @@ class Guard:
         hundred thousand files with only this process, which writes none of it, run since."""
         if self.watch is not None and watch:
             self.watch.snapshot()
-        self.files = {}
+        self.files, self.links = {}, {}
         for path in self._walk():
             try:
-                self.files[path] = path.read_bytes()
+                if path.is_symlink() and path.is_dir():
+                    self.links[path] = os.readlink(path)
+                else:
+                    self.files[path] = path.read_bytes()
             except OSError:
                 pass
 
@@ -74,8 +82,18 @@ class Guard:
             except OSError as exc:
                 raise GuardError(f"could not put back {path}: {exc}") from exc
             changed.append(str(path))
+        for path, target in self.links.items():
+            try:
+                if path.is_symlink() and os.readlink(path) == target:
+                    continue
+                _remove(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(target, path)
+            except OSError as exc:
+                raise GuardError(f"could not put back {path}: {exc}") from exc
+            changed.append(str(path))
         for path in list(self._walk()):
-            if path not in self.files:
+            if path not in self.files and path not in self.links:
                 _remove(path)
                 changed.append(str(path))
         if self.watch is not None:
@@ -135,21 +153,35 @@ class StartupWatch:
             yield root, None
 
     def _scan(self) -> dict[str, tuple]:
+        """Every file's and every symbolic link's ``lstat`` (a link is never followed, and always counts: one to a
+        folder named ``sitecustomize`` or ``kernels`` runs code as surely as a file there). ``os.scandir`` rather than
+        ``os.walk``: a quarter less CPU on a venv's hundred thousand files, scanned once per submission."""
         seen = {}
         for root, every in self._walks():
-            for dirpath, dirnames, filenames in os.walk(root):
-                if every is None and dirpath == str(root):
-                    dirnames[:] = [d for d in dirnames if d in JUPYTER_READS or d.endswith(".d")]
-                dirnames[:] = [d for d in dirnames if every or d not in self.skip_names]
-                for name in filenames:
-                    if not every and not name.endswith(CODE_SUFFIXES):
-                        continue  # a history database, a cache: written by every session, running nothing
-                    path = os.path.join(dirpath, name)
+            top = str(root)
+            folders = [top]
+            while folders:
+                here = folders.pop()
+                try:
+                    entries = list(os.scandir(here))
+                except OSError:
+                    continue
+                for entry in entries:
+                    name = entry.name
                     try:
-                        st = os.lstat(path)
+                        link = entry.is_symlink()
+                        if not link and entry.is_dir(follow_symlinks=False):
+                            if every is None and here == top and not (name in JUPYTER_READS or name.endswith(".d")):
+                                continue
+                            if every or name not in self.skip_names:
+                                folders.append(entry.path)
+                            continue
+                        if not (every or link or name.endswith(CODE_SUFFIXES)):
+                            continue  # a history database, a cache: written by every session, running nothing
+                        st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    seen[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
+                    seen[entry.path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
         return seen
 
     def snapshot(self) -> None:

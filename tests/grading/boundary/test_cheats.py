@@ -271,6 +271,7 @@ def test_limits_and_reasons_are_reported(corpus):
         assert not re.search(r"(honest|zz_victim)/.*put back", lines), "an honest submission was said to change files"
         assert re.search(r"cheat_gradebook_trigger/.*changed the gradebook it was graded in: added trigger", lines), lines
         assert re.search(r"cheat_venv_backdoor/.*put back\): .*zz_dtlabs_backdoor\.pth", lines), lines
+        assert re.search(r"cheat_venv_backdoor/.*put back\): .*/sitecustomize\b", lines), lines
         graded_lines = [x for x in corpus["lines"] if re.match(r"\s+(NOT GRADED: )?\S+/\S+[: ]", x)]
         unmarked = [x for x in graded_lines if "taken without a boundary" not in x]
         assert graded_lines and not unmarked, f"grade lines that do not say they lack a boundary: {unmarked}"

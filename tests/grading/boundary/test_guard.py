@@ -74,6 +74,26 @@ def test_a_file_or_folder_swapped_for_a_link_is_put_back_in_the_course_not_throu
     assert (elsewhere / "bob" / "lab.ipynb").read_text() == "the empty release"
 
 
+def test_a_link_to_a_folder_planted_in_the_course_is_removed_and_one_that_was_there_is_kept(course):
+    """A link is a path like a file: os.walk lists a link to a folder among the folders and never enters it, so a
+    planted one (a fake student's submission, served from anywhere) must be looked for as such."""
+    root, elsewhere, guard = course
+    (elsewhere / "shared").mkdir()
+    (root / "solutions" / "data").symlink_to(elsewhere / "shared", target_is_directory=True)
+    guard.snapshot()
+    (elsewhere / "forged").mkdir()
+    (elsewhere / "forged" / "lab.ipynb").write_text("a submission nobody made")
+    (root / "work" / "submitted" / "mallory").symlink_to(elsewhere / "forged", target_is_directory=True)
+    (root / "solutions" / "data").unlink()
+    (root / "solutions" / "data").symlink_to(elsewhere / "forged", target_is_directory=True)
+    touched = {Path(p).relative_to(root).as_posix() for p in guard.restore()}
+    assert touched == {"work/submitted/mallory", "solutions/data"}
+    assert not os.path.lexists(root / "work" / "submitted" / "mallory")
+    assert os.readlink(root / "solutions" / "data") == str(elsewhere / "shared")
+    assert (elsewhere / "forged" / "lab.ipynb").exists(), "removing a link must not remove what it points to"
+    assert guard.restore() == []
+
+
 def test_unguarded_folders_are_left_alone(course):
     root, _, guard = course
     (root / "work" / "autograded" / "out.ipynb").write_text("an output, rebuilt from the gradebook")
@@ -171,6 +191,31 @@ def test_a_package_rewritten_at_its_size_with_its_time_put_back_stops_grading(st
     assert (now.st_size, now.st_mtime_ns, now.st_ino, now.st_mode) == (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
     with pytest.raises(GuardError, match=r"torch\.py"):
         watch.check()
+
+
+def test_a_link_to_a_folder_planted_in_site_packages_or_a_jupyter_folder_is_removed_and_named(startup, tmp_path):
+    """``sitecustomize`` may be a package: a link to a folder of the student's, planted in site-packages, would run in
+    every later Python; a ``kernels`` link in a Jupyter folder would choose the next grading's kernel."""
+    venv, _, grader, watch = startup
+    evil = tmp_path / "evil"
+    (evil / "python3").mkdir(parents=True)
+    (evil / "__init__.py").write_text("import os")
+    (evil / "python3" / "kernel.json").write_text('{"argv": ["sh"]}')
+    (venv / "sitecustomize").symlink_to(evil, target_is_directory=True)
+    (grader / "kernels").rename(tmp_path / "kernels-away")
+    (grader / "kernels").symlink_to(evil, target_is_directory=True)
+    with pytest.raises(GuardError, match=r"kernel\.json"):  # the spec that was there is gone: a reinstall's job
+        watch.check()
+    assert not os.path.lexists(venv / "sitecustomize") and not os.path.lexists(grader / "kernels")
+    assert (evil / "__init__.py").exists()
+
+
+def test_a_new_link_to_a_folder_alone_is_removed_and_named(startup, tmp_path):
+    venv, _, grader, watch = startup
+    (tmp_path / "evil").mkdir()
+    (venv / "sitecustomize").symlink_to(tmp_path / "evil", target_is_directory=True)
+    assert [Path(p).name for p in watch.check()] == ["sitecustomize"]
+    assert not os.path.lexists(venv / "sitecustomize")
 
 
 def test_grading_records_beside_a_jupyter_config_folder_are_not_startup_code(startup):
