@@ -1,0 +1,61 @@
+"""The subject's own Landlock domain: no submission traces, signals or reaches the grader's processes.
+
+Without a pid namespace (unprotected grading, where bubblewrap cannot run) the grader's kernel, its warm servers and
+nbgrader are processes of the submission's own user, and Linux lets a process trace any other of its user: ``gdb -p``
+then runs code in the grader kernel that decides the points, or in the warm server that forks every later student's
+kernel. A process in a Landlock domain may trace only processes of its own domain (Landlock ABI 1, Linux 5.13), and
+from ABI 6 (Linux 6.12) neither signal them nor connect to their abstract Unix sockets. Entering one needs no
+privilege, and what it restricts of the file system here is only the making of block devices, which nobody needs:
+the domain is for its process scoping. The subject enters it before any cell runs; everything it starts (the rank
+server, ranks, torchrun, Ray) inherits it, so those still trace and signal one another.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+_CREATE_RULESET, _RESTRICT_SELF = 444, 446  # the same numbers on every architecture (added after the table merge)
+_CREATE_RULESET_VERSION = 1 << 0
+_ACCESS_FS_MAKE_BLOCK = 1 << 11
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+def _syscall():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc, libc.syscall
+
+
+def abi() -> tuple[int, str | None]:
+    """(the kernel's Landlock ABI, None), or (0, why there is none): asks, enters nothing."""
+    if not sys.platform.startswith("linux"):
+        return 0, "Landlock is Linux's"
+    _, syscall = _syscall()
+    version = syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return (int(version), None) if version >= 1 else (0, f"Landlock is not available ({os.strerror(ctypes.get_errno())})")
+
+
+def scope_self() -> tuple[int, str | None]:
+    """Enter a Landlock domain; returns (the kernel's Landlock ABI, None) or (0, why not). Irreversible, and it also
+    sets no-new-privileges (no setuid program gains anything from here on)."""
+    version, why = abi()
+    if not version:
+        return 0, why
+    libc, syscall = _syscall()
+    fields = [_ACCESS_FS_MAKE_BLOCK]
+    if version >= 6:  # handled_access_net (none), scoped
+        fields += [0, _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL]
+    attr = (ctypes.c_uint64 * len(fields))(*fields)
+    fd = syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if fd < 0:
+        return 0, f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}"
+    try:
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return 0, f"no_new_privs: {os.strerror(ctypes.get_errno())}"
+        if syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            return 0, f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}"
+    finally:
+        os.close(fd)
+    return version, None
