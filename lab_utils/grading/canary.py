@@ -245,6 +245,12 @@ def doctor(labs=None, *, course_root=None, settings=None, fix=False, out=print) 
         return False
     else:
         out(sandbox.UNPROTECTED_WARNING)
+    from lab_utils.grading.boundary import landlock
+
+    version, why_not = landlock.abi()
+    out(f"landlock    ABI {version}: no process of a submission traces, signals or reaches the grader's" if version else
+        f"landlock    none ({why_not}): " + ("a submission could trace the grader's processes, which are its own user's"
+                                            if box_mode == "unprotected" else "the boundary above stands alone"))
     failed = 0
     for lab in labs or discover_labs(course_root):
         verdict = check(course_root, lab, settings=settings, force=True, out=out)

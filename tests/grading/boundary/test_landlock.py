@@ -66,3 +66,20 @@ def test_the_subject_enters_its_domain_before_any_cell_runs():
     src = inspect.getsource(subject.main)
     assert "landlock.scope_self()" in src
     assert src.index("landlock.scope_self()") < src.index("fork_zygote(") < src.index("Subject(")
+
+
+@pytest.mark.slow
+def test_doctor_grading_says_whether_the_subject_gets_its_domain(synthetic_course, tmp_path, monkeypatch):
+    import shutil
+
+    from helpers.synthetic import SYNTHETIC_LAB
+    from lab_utils.grading import canary
+
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    monkeypatch.setenv("DTLABS_SANDBOX", "unprotected")
+    lines = []
+    assert canary.doctor([SYNTHETIC_LAB], course_root=root, out=lines.append), "\n".join(lines)
+    version, why = landlock.abi()
+    expected = f"landlock    ABI {version}:" if version else f"landlock    none ({why})"
+    assert any(line.startswith(expected) for line in lines), "\n".join(lines)
