@@ -14,12 +14,19 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from typing import NamedTuple
 
 _CREATE_RULESET, _RESTRICT_SELF = 444, 446  # the same numbers on every architecture (added after the table merge)
 _CREATE_RULESET_VERSION = 1 << 0
 _ACCESS_FS_MAKE_BLOCK = 1 << 11
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 _PR_SET_NO_NEW_PRIVS = 38
+NONE = 0  # no Landlock ABI
+
+
+class Support(NamedTuple):
+    version: int           # the kernel's Landlock ABI (NONE where there is none)
+    why_not: str | None    # why there is none, or why the domain could not be entered
 
 
 def _syscall():
@@ -28,21 +35,23 @@ def _syscall():
     return libc, libc.syscall
 
 
-def abi() -> tuple[int, str | None]:
-    """(the kernel's Landlock ABI, None), or (0, why there is none): asks, enters nothing."""
+def abi() -> Support:
+    """What the kernel offers: asks, enters nothing."""
     if not sys.platform.startswith("linux"):
-        return 0, "Landlock is Linux's"
+        return Support(NONE, "Landlock is Linux's")
     _, syscall = _syscall()
     version = syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
-    return (int(version), None) if version >= 1 else (0, f"Landlock is not available ({os.strerror(ctypes.get_errno())})")
+    if version < 1:
+        return Support(NONE, f"Landlock is not available ({os.strerror(ctypes.get_errno())})")
+    return Support(int(version), None)
 
 
-def scope_self() -> tuple[int, str | None]:
-    """Enter a Landlock domain; returns (the kernel's Landlock ABI, None) or (0, why not). Irreversible, and it also
-    sets no-new-privileges (no setuid program gains anything from here on)."""
+def scope_self() -> Support:
+    """Enter a Landlock domain (``why_not`` is None when entered). Irreversible, and it also sets no-new-privileges
+    (no setuid program gains anything from here on)."""
     version, why = abi()
     if not version:
-        return 0, why
+        return Support(NONE, why)
     libc, syscall = _syscall()
     fields = [_ACCESS_FS_MAKE_BLOCK]
     if version >= 6:  # handled_access_net (none), scoped
@@ -50,12 +59,12 @@ def scope_self() -> tuple[int, str | None]:
     attr = (ctypes.c_uint64 * len(fields))(*fields)
     fd = syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if fd < 0:
-        return 0, f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}"
+        return Support(NONE, f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     try:
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            return 0, f"no_new_privs: {os.strerror(ctypes.get_errno())}"
+            return Support(NONE, f"no_new_privs: {os.strerror(ctypes.get_errno())}")
         if syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
-            return 0, f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}"
+            return Support(NONE, f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)
-    return version, None
+    return Support(version, None)

@@ -33,7 +33,7 @@ if libc.ptrace(0x4206, parent, 0, 0) == 0:  # PTRACE_SEIZE: traced without stopp
     libc.ptrace(17, parent, 0, 0)  # PTRACE_DETACH
 else:
     seen["trace"] = os.strerror(ctypes.get_errno())
-print(json.dumps({"entered": entered, "seen": seen}))
+print(json.dumps({"entered": list(entered) if entered else None, "seen": seen}))
 """
 
 
