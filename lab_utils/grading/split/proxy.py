@@ -24,6 +24,8 @@ the executor's first cell; one ``GradingSession`` at a time); the package docstr
 """
 from __future__ import annotations
 
+import os
+
 from lab_utils.grading.split import hooks
 from lab_utils.grading.split.channel import START_TIMEOUT_S
 from lab_utils.grading.split.crossing import StudentError
@@ -46,6 +48,7 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
     from IPython import get_ipython
 
     shell = get_ipython()
+    _forget_connection_file()
     session = GradingSession()  # a new student process: it has seen no hidden test yet
     mode = session.start(shared_sources, workdir=workdir, report_path=report_path, memory_mb=memory_mb,
                          max_procs=max_procs, work_root=work_root, sandbox=sandbox, disk_mb=disk_mb,
@@ -57,6 +60,20 @@ def start_grading(shared_sources=(), workdir: str | None = None, report_path: st
 
     atexit.register(stop_grading)
     return mode
+
+
+def _forget_connection_file() -> None:
+    """Remove this kernel's connection file before the subject starts. It holds the key that signs every message to
+    this kernel, and its path is on the kernel's command line: unprotected, the subject is this user's and could read
+    it and have this kernel run its code (where Landlock cannot keep it from the kernel's sockets). The kernel read it
+    at start, its client keeps it in memory, and jupyter_client writes it again should the kernel restart."""
+    try:
+        from ipykernel.kernelapp import IPKernelApp
+
+        if IPKernelApp.initialized():
+            os.unlink(IPKernelApp.instance().abs_connection_file)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 def stop_grading() -> None:

@@ -1,6 +1,7 @@
-"""The subject's Landlock domain (``lab_utils.grading.boundary.landlock``): what a process of the same user can do to
-the grader's processes without it, and cannot with it. The grader here is this test's child's parent, as the grader
-kernel is the subject's parent when grading runs unprotected."""
+"""What a submission can reach of the grader's processes where they are its own user's (unprotected grading): the
+subject's Landlock domain (``lab_utils.grading.boundary.landlock``), shown against a control without it (the grader
+there is the test's child's parent, as the grader kernel is the subject's), and the grader kernel's connection file,
+gone before the subject starts."""
 from __future__ import annotations
 
 import json
@@ -83,3 +84,42 @@ def test_doctor_grading_says_whether_the_subject_gets_its_domain(synthetic_cours
     version, why = landlock.abi()
     expected = f"landlock    ABI {version}:" if version else f"landlock    none ({why})"
     assert any(line.startswith(expected) for line in lines), "\n".join(lines)
+
+
+ANCESTOR_FILES = """
+import json, os, psutil
+found = {}
+for p in psutil.Process().parents():
+    argv = p.cmdline()
+    if "-f" in argv[:-1]:
+        found[argv[argv.index("-f") + 1]] = os.path.exists(argv[argv.index("-f") + 1])
+open(OUT, "w").write(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+def test_the_grader_kernels_connection_file_is_gone_before_the_subject_runs(synthetic_course, tmp_path, monkeypatch):
+    """The file holds the key that signs every message to the kernel: read, it let a submission have the kernel run
+    its code (grader/cheats/kernel_connection_file.py, where Landlock does not scope the kernel's sockets)."""
+    import shutil
+
+    import nbformat
+
+    from helpers.synthetic import SYNTHETIC_LAB
+    from lab_utils import grading
+
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course, root)
+    rel = nbformat.read(str(root / "labs" / SYNTHETIC_LAB / f"{SYNTHETIC_LAB}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "solutions" / SYNTHETIC_LAB / f"{SYNTHETIC_LAB}.ipynb"), as_version=4)
+    out = tmp_path / "found.json"
+    answer = next(c.source for c in src.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "add")
+    probe = answer.replace("### BEGIN SOLUTION", "").replace("### END SOLUTION", "")
+    probe += "\n\nOUT = " + repr(str(out)) + "\n" + ANCESTOR_FILES
+    grading.submit(root, "probe", SYNTHETIC_LAB, grading.fill_solutions(rel, src, {"add": probe}))
+    monkeypatch.setenv("DTLABS_SANDBOX", "unprotected")
+    lines = []
+    grading.grade([SYNTHETIC_LAB], course_root=root, jobs=1, feedback=False, out=lines.append, progress=False)
+    found = json.loads(out.read_text())
+    assert found, "the probe found no kernel with a connection file above it:\n" + "\n".join(lines)
+    assert not any(found.values()), f"the subject could read the grader kernel's connection file: {found}"
