@@ -44,6 +44,7 @@ def share_cores(env: dict) -> dict:
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
 
 
 def _prctl(option: int, arg: int) -> bool:
@@ -177,6 +178,12 @@ def pump_lines(fd: int, on_line, on_eof=None) -> threading.Thread:
 def become_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants (Linux), so double-forked ones stay findable."""
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_no_new_privs() -> bool:
+    """No program this process or its descendants run gains privileges (setuid bits are ignored; Linux), as
+    entering a Landlock domain without privilege requires."""
+    return _prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
 def killpg_quiet(pgid: int, sig: int = signal.SIGKILL) -> None:

@@ -12,15 +12,17 @@ server, ranks, torchrun, Ray) inherits it, so those still trace and signal one a
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from typing import NamedTuple
+
+from lab_utils.processes import set_no_new_privs
 
 _CREATE_RULESET, _RESTRICT_SELF = 444, 446  # the same numbers on every architecture (added after the table merge)
 _CREATE_RULESET_VERSION = 1 << 0
 _ACCESS_FS_MAKE_BLOCK = 1 << 11
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
-_PR_SET_NO_NEW_PRIVS = 38
 NONE = 0  # no Landlock ABI
 
 
@@ -29,18 +31,18 @@ class Support(NamedTuple):
     why_not: str | None    # why there is none, or why the domain could not be entered
 
 
+@functools.cache
 def _syscall():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc, libc.syscall
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    syscall.restype = ctypes.c_long
+    return syscall
 
 
 def abi() -> Support:
     """What the kernel offers: asks, enters nothing."""
     if not sys.platform.startswith("linux"):
         return Support(NONE, "Landlock is Linux's")
-    _, syscall = _syscall()
-    version = syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    version = _syscall()(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
     if version < 1:
         return Support(NONE, f"Landlock is not available ({os.strerror(ctypes.get_errno())})")
     return Support(int(version), None)
@@ -52,7 +54,7 @@ def scope_self() -> Support:
     version, why = abi()
     if not version:
         return Support(NONE, why)
-    libc, syscall = _syscall()
+    syscall = _syscall()
     fields = [_ACCESS_FS_MAKE_BLOCK]
     if version >= 6:  # handled_access_net (none), scoped
         fields += [0, _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL]
@@ -61,7 +63,7 @@ def scope_self() -> Support:
     if fd < 0:
         return Support(NONE, f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     try:
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        if not set_no_new_privs():
             return Support(NONE, f"no_new_privs: {os.strerror(ctypes.get_errno())}")
         if syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             return Support(NONE, f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
