@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 
@@ -15,9 +16,12 @@ from lab_utils import grading
 from lab_utils.processes import share_cores
 from lab_utils.status import Status
 
-# The canary's kept verdicts: one folder per test run (pytest-xdist's workers share it), never the developer's own.
-os.environ.setdefault("DTLABS_CACHE_DIR", os.path.join(
-    tempfile.gettempdir(), f"dtlabs-test-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or uuid.uuid4().hex}"))
+# The canary's kept verdicts: one folder per test run (pytest-xdist's workers share it), never the developer's own;
+# the process that named it removes it at the end (pytest_unconfigure).
+_OWN_CACHE = None if "DTLABS_CACHE_DIR" in os.environ else os.path.join(
+    tempfile.gettempdir(), f"dtlabs-test-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or uuid.uuid4().hex}")
+if _OWN_CACHE:
+    os.environ["DTLABS_CACHE_DIR"] = _OWN_CACHE
 # Every process a test starts shares the two cores with three other workers' (lab_utils.processes.share_cores).
 share_cores(os.environ)
 # Grader kernels of every test, in this process or in a `dtlabs` it runs, fork from one warm server (an empty
@@ -78,3 +82,8 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     if getattr(config.option, "numprocesses", None):
         items.sort(key=expected_s, reverse=True)  # stable: equal weights keep their collection order
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -30,9 +31,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _nothing_survives(no_leaked_processes):
-    """conftest's check: no process started under this test's token (agents, workers) outlives the test."""
+def _nothing_survives(no_leaked_processes, tmp_path_factory, monkeypatch):
+    """conftest's check: no process started under this test's token (agents, workers) outlives the test; and no
+    file either: the temporary folder of the harness, its agents and workers is empty afterwards (torchrun's own
+    log folders, torchelastic_*, were left in /tmp by every run)."""
+    temp = tmp_path_factory.mktemp("tempdir")
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("TMPDIR", str(temp))
     yield
+    # torchinductor_<user>: the cache torch in this pytest process may make on a first use, not something of the run
+    left = sorted(name for name in os.listdir(temp) if not name.startswith("torchinductor_"))
+    assert left == [], "the run left these in the temporary folder"
 
 ALL_REDUCE = textwrap.dedent(
     """

@@ -4,6 +4,7 @@ module of the package imports it: ``-m`` runs it as ``__main__``."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -23,7 +24,20 @@ def _agent_main(argv):
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     finally:
+        _remove_log_dir(argv[1:])  # first: a node 0 left waiting below may yet be killed
         _wait_for_other_agents(os.environ.get(AGENT_STORE))
+
+
+def _remove_log_dir(args):
+    """This node's ``--log-dir`` (the harness's run folder holds one per node), and the run folder once empty: the
+    harness removes both too, but not when it was killed, and then its agents are the last to know the path."""
+    path = next((a.split("=", 1)[1] for a in args if a.startswith("--log-dir=")), None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass  # another node's folder is still there: its agent (or the harness) removes it
 
 
 def _wait_for_other_agents(spec):

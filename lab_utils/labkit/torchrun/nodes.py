@@ -5,9 +5,11 @@ from __future__ import annotations
 import inspect
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -153,6 +155,9 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
           min_nodes=None, max_nodes=None, rdzv_conf=None, events=None):
     run_id = uuid.uuid4().hex[:12]
     max_nodes = max_nodes or nnodes
+    # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
+    # folder in /tmp and never removes it; this one goes when the run does
+    logs = tempfile.mkdtemp(prefix=f"dtlabs-torchrun-{run_id}-")
     agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env)
     queued: queue.Queue = queue.Queue()
     procs, seen, lines, commands = [], [], [], []
@@ -177,7 +182,8 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
             node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
         # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
-        shim = [sys.executable, "-m", "lab_utils.labkit.torchrun.agent", str(os.getpid()), *cmd[3:]]
+        shim = [sys.executable, "-m", "lab_utils.labkit.torchrun.agent", str(os.getpid()),
+                f"--log-dir={os.path.join(logs, f'node{node}')}", *cmd[3:]]
         proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
         procs.append(proc)
@@ -260,6 +266,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
             if proc.stdout:
                 proc.stdout.close()
         store = None  # closed only now (its last reference): every agent is gone
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", max_restarts=0, timeout=60,

@@ -135,11 +135,11 @@ asyncio.run(go())
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["server-of-another-process", "own-server"])
-def test_a_kernel_dies_with_the_process_that_started_it(no_leaked_processes, monkeypatch, shared):
+def test_a_kernel_dies_with_the_process_that_started_it(no_leaked_processes, monkeypatch, shared, tmp_path):
     """As a cold kernel's parent poller ends it: whether the client used an inherited server (which kills the kernel
     when the client's connection closes) or its own (which dies with the client, and its kernels with it)."""
     monkeypatch.delenv(warm.ADDRESS_VAR, raising=False)  # this process's own server, not one an xdist controller shares
-    env = dict(os.environ)
+    env = dict(os.environ, TMPDIR=str(tmp_path))  # the killed client's connection file stays there, not in /tmp
     if shared:
         env.update(warm.shared_env(env))
         assert warm.ADDRESS_VAR in env
