@@ -150,6 +150,27 @@ def test_validate_exit_code_fails_on_stub_and_passes_on_solution(synthetic_cours
     assert not left, f"validating left the subjects' folders behind: {left}"
 
 
+def test_validate_refuses_a_notebook_whose_folder_holds_the_venv(synthetic_course, tmp_path):
+    """A notebook saved beside the venv (~/lab.ipynb with ~/.venv): its folder is what the subject may write and what
+    the grader never imports from, so the venv would be both writable and cut off. Refused, and why, before a kernel
+    starts. The venv is a real one in that folder, seeing this one's packages."""
+    import site
+    import sysconfig
+
+    venv = tmp_path / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    inner = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (inner / "outer.pth").write_text(f"import site; site.addsitedir({site.getsitepackages()[0]!r})\n")
+    rel, src = _notebooks(synthetic_course)
+    solved = tmp_path / "solved.ipynb"
+    nbformat.write(grading.fill_solutions(rel, src), str(solved))
+    run = subprocess.run([str(venv / "bin" / "python"), "-m", "lab_utils.cli", "validate", str(solved)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"the notebook's folder {tmp_path} holds the Python that grades it ({venv}" in run.stderr, run.stderr
+    assert "Move the notebook into a folder of its own" in run.stderr
+
+
 def test_validate_missing_notebook_is_an_error(tmp_path, capsys):
     assert cli.main(["validate", str(tmp_path / "nope.ipynb")]) == 2
 

@@ -63,6 +63,13 @@ def installed_paths() -> list[str]:
     return list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.isdir(p)))
 
 
+def installed_inside(workdir) -> list[str]:
+    """The installed paths inside a submission's folder (a notebook beside the course's venv, or above an editable
+    checkout): the subject may write its own folder, and the grader never imports from it, so neither could hold."""
+    folder = os.path.realpath(workdir)
+    return [p for p in installed_paths() if within(p, folder)]
+
+
 def mounts(workdir, tmp_mb: int | None = None) -> list[Mount]:
     """The subject's file system, in the order bwrap builds it: a private /tmp, /proc and /dev first, then the
     read-only binds from the shortest path to the longest (a bind under /tmp or inside another bind stays visible),

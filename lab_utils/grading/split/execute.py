@@ -29,7 +29,7 @@ from traitlets import Unicode
 
 from lab_utils import settings
 from lab_utils.grading.course import cell_meta
-from lab_utils.grading.boundary import sandbox, separate_user
+from lab_utils.grading.boundary import mounts, sandbox, separate_user
 from lab_utils.grading.outcomes import Kind, Reason
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 from lab_utils.grading.split.proxy import START_TIMEOUT_S
@@ -152,12 +152,15 @@ class SplitExecute(Execute):
         except Exception as exc:  # noqa: BLE001 - a dead kernel, a timeout: the sandbox did not start either
             why = f"{type(exc).__name__}: {exc}"
         if why:
-            reason = Reason(Kind.ENVIRONMENT, f"the sandbox did not start ({why})")
-            if self.report_path:
-                with open(self.report_path, "a") as fh:
-                    fh.write(str(reason).replace("\n", " ") + "\n")
-            raise SandboxNotStarted(str(reason))
+            self._refuse(Reason(Kind.ENVIRONMENT, f"the sandbox did not start ({why})"))
         return cell, resources
+
+    def _refuse(self, reason: Reason) -> None:
+        """Nothing is graded: the reason goes to the run's report (a grade line), then up as ``SandboxNotStarted``."""
+        if self.report_path:
+            with open(self.report_path, "a") as fh:
+                fh.write(str(reason).replace("\n", " ") + "\n")
+        raise SandboxNotStarted(str(reason))
 
     @contextlib.contextmanager
     def split(self, nb, resources):
@@ -174,6 +177,12 @@ class SplitExecute(Execute):
                 shared.append(cell.source)
         workdir = (resources.get("metadata") or {}).get("path") or os.getcwd()
         report = self.report_path or None
+        inside = mounts.installed_inside(workdir)
+        if inside:
+            self._refuse(Reason(Kind.ENVIRONMENT, (
+                f"the notebook's folder {workdir} holds the Python that grades it ({inside[0]}): code run from that "
+                "folder could rewrite it, and the grader takes nothing from there. Move the notebook into a folder of "
+                "its own (as the course's labs/NN_topic/ folders are) and run again")))
         limits = settings.load(self.config)  # the run's config (the course's, the flags'), then the environment
         user_mode = sandbox.mode(limits.sandbox) == "user"
         # removed here: the kernel may die uncleaned. The separate user passes through it to its own folder, no more
