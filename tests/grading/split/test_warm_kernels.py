@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,6 +188,44 @@ def test_a_kernel_starts_cold_and_says_why_where_warm_start_is_off_or_impossible
     monkeypatch.setenv("DTLABS_WARM_KERNELS", "0")  # off: jupyter_client's own LocalProvisioner, as before
     assert asyncio.run(go()) == (None, None, "42\n")
     assert provisioner.why_cold([sys.executable, "-m", "ipykernel_launcher"]) == "c.DTLabs.warm_kernels is off"
+
+
+SAME_USER_OTHER_GROUP = """
+import os, sys
+from lab_utils.grading.split import warm
+print(os.getgid(), warm.fork(warm.KERNEL, ["--version"], dict(os.environ), "/").wait(60), flush=True)
+"""
+OTHER_USER = """
+import json, os, socket, sys
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+conn.connect(json.loads(os.environ[sys.argv[1]])[0])
+conn.settimeout(60)
+try:
+    socket.send_fds(conn, [json.dumps({"argv": ["--version"], "env": {}, "cwd": "/"}).encode()], [0, 1, 2])
+    print(os.getuid(), conn.recv(1 << 16).decode() or "closed", flush=True)
+except OSError as exc:  # closed before or after the request was read
+    print(os.getuid(), "closed", type(exc).__name__, flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes of another user and group")
+def test_the_server_forks_for_its_own_user_whatever_the_group_and_for_no_other(no_leaked_processes, monkeypatch):
+    """The server reads its caller's user from SO_PEERCRED (pid, uid, gid). It read the gid: an ordinary user, whose
+    group id is not their user id, had every kernel refused ("Connection reset by peer") and started cold."""
+    monkeypatch.delenv(warm.ADDRESS_VAR, raising=False)
+    env = {**os.environ, **warm.shared_env(dict(os.environ))}
+    assert warm.ADDRESS_VAR in env
+    served = subprocess.run([sys.executable, "-c", SAME_USER_OTHER_GROUP], env=env, group=65534, extra_groups=[],
+                            capture_output=True, text=True, timeout=120)
+    # the forked kernel prints its version first, on the stdout it was handed
+    assert served.stdout.splitlines()[-1].split() == ["65534", "0"], served.stdout + served.stderr
+    # the other user's client needs only the standard library: the system's Python, which that user can run
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if not system_python:
+        pytest.skip("no /usr/bin/python3 for the other user's client")
+    refused = subprocess.run([system_python, "-I", "-c", OTHER_USER, warm.ADDRESS_VAR], env=env, user=65534, group=65534,
+                             extra_groups=[], capture_output=True, text=True, timeout=120, cwd="/")
+    assert refused.stdout.split()[:2] == ["65534", "closed"], refused.stdout + refused.stderr
 
 
 def test_the_server_serves_only_kernels_of_its_import_environment(no_leaked_processes, monkeypatch):

@@ -111,7 +111,7 @@ def _fork_one(kind: Kind, conn: socket.socket, key: str, server: int, close_fds)
     """Read one request from ``conn`` and fork it; the child's pid once it leads its own session, else None."""
     conn.settimeout(5)
     try:
-        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[2]
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))  # pid, uid, gid
         if uid != os.getuid():
             return None  # only its own user's processes may have it fork
         data, fds, _, _ = socket.recv_fds(conn, 1 << 22, 8)
