@@ -182,6 +182,7 @@ def test_grading_array_equals_dtlabs_grade(course, slurm):
 def test_train_sbatch_two_agents_restart_and_resume(course, slurm):
     env = teacher_env(course)
     out_file = course / "train-result.json"
+    torchrun_tmp = set(Path("/tmp").glob("torchelastic_*"))  # what torchrun leaves in a node's /tmp without --log-dir
     t0 = time.monotonic()
     job = run_as(TEACHER, ["sbatch", "--parsable", "--wait", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2",
                            "--cpus-per-task=1", "--mem=2G", "grader/slurm/train.sbatch", "grader/slurm/train_lab.py",
@@ -195,6 +196,8 @@ def test_train_sbatch_two_agents_restart_and_resume(course, slurm):
     assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{log[-3000:]}"
     assert "2 agent(s) on 1 node(s) x 1 worker(s), 1 thread(s) each" in log, log[-2000:]
     assert f"checkpoints in {course}/checkpoints/{job_id}" in log, "checkpoints must be keyed by the job id"
+    assert (course / "checkpoints" / job_id / "torchrun").is_dir(), "torchrun's logs belong beside the checkpoints"
+    assert not set(Path("/tmp").glob("torchelastic_*")) - torchrun_tmp, "the agents left their logs in the node's /tmp"
     result = json.loads(out_file.read_text())
     assert result["world_size"] == 2 and sorted(r["agent"] for r in result["ranks"]) == [0, 1], result
     assert max(r["restarts"] for r in result["ranks"]) == 1 and result["resumed_from"] == 20, \
