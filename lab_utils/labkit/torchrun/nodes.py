@@ -155,9 +155,6 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
           min_nodes=None, max_nodes=None, rdzv_conf=None, events=None):
     run_id = uuid.uuid4().hex[:12]
     max_nodes = max_nodes or nnodes
-    # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
-    # folder in /tmp and never removes it; this one goes when the run does
-    logs = tempfile.mkdtemp(prefix=f"dtlabs-torchrun-{run_id}-")
     agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env)
     queued: queue.Queue = queue.Queue()
     procs, seen, lines, commands = [], [], [], []
@@ -191,6 +188,9 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         processes.pump_lines(proc.stdout.fileno(), lambda text, n=node: queued.put((n, text)),
                              lambda n=node: queued.put((n, None)))
 
+    # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
+    # folder in /tmp and never removes it; this one goes when the run does (the finally below)
+    logs = tempfile.mkdtemp(prefix=f"dtlabs-torchrun-{run_id}-")
     try:
         for node in range(nnodes):
             start_agent(node)
