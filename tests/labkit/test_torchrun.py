@@ -6,6 +6,7 @@ Processes are counted with psutil: by the pids the workers write, and by the run
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -180,6 +181,10 @@ def test_kernel_death_takes_agents_and_workers_along(tmp_path):
         except OSError:
             pass
     assert not alive, f"orphans after the kernel was SIGKILLed: {alive}"
+    # The harness was SIGKILLed: its run folder goes only through the agents' own cleanup, which an agent killed in
+    # turn skips (seen once in a loaded make test). Not checked here; every other test checks it (_nothing_survives).
+    for left in Path(tempfile.gettempdir()).glob("dtlabs-torchrun-*"):
+        shutil.rmtree(left, ignore_errors=True)
 
 
 def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
