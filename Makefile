@@ -19,6 +19,11 @@ PARALLEL   := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup,)
 # (train.sbatch, the layouts in their own copies) on the other (tests/deploy/conftest.py)
 DEPLOY_JOBS ?= 2
 DEPLOY_PARALLEL := $(if $(filter-out 0 1,$(DEPLOY_JOBS)),-n $(DEPLOY_JOBS) --dist loadgroup,)
+# pip, run again from the start when it fails: a download that breaks off mid-file fails pip even after its own
+# resumes (PyPI's 285 MB Triton wheel has, in CI), and a fresh request usually goes through. Wheels that came
+# whole are in pip's cache, so a second try downloads only what did not; a real error fails PIP_TRIES times, fast.
+PIP_TRIES  ?= 3
+PIP        := retry() { n=1; until "$$@"; do if [ $$n -ge $(PIP_TRIES) ]; then echo "pip failed $$n times (see above)" >&2; return 1; fi; echo "pip failed (try $$n of $(PIP_TRIES)); trying again in 10 s" >&2; n=$$((n + 1)); sleep 10; done; }; retry $(PY) -m pip
 
 .PHONY: help install bytecode lab test test-gpu test-fast test-deploy release bench bench-grade bench-validate doctor mutate stress stress-tests horovod clean
 
@@ -27,8 +32,8 @@ help:  ## list the targets
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
+	@$(PIP) install -q --upgrade pip
+	@$(PIP) install -q --no-compile "$(TORCH_SPEC)"
 	@# The course with its test tools and, where the platform has wheels, the optional extras, in one resolve:
 	@# Lab 10's frameworks (DeepSpeed, Ray, TensorFlow, Accelerate: Linux x86_64, Python < 3.14; FRAMEWORKS=0 skips)
 	@# and Lab 11's kernels (Triton, numba, numba-cuda: Linux x86_64 or aarch64, Python < 3.15; KERNELS=0 skips).
@@ -43,7 +48,7 @@ $(VENV)/.installed: pyproject.toml
 		extras=$$extras,kernels; \
 	else echo "Lab 11's kernels not installed (KERNELS=$(KERNELS), or no Triton wheels for this platform): its kernel cells will say so"; fi; \
 	echo "$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e \".[$$extras]\""; \
-	$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[$$extras]"
+	$(PIP) install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[$$extras]"
 	@# Bytecode on every core at once (pip compiles on one), but not for the packages' own test suites (a sixth of
 	@# the files; nothing here imports them). A file that does not compile is not an error here, as under pip:
 	@# Python reads its source.

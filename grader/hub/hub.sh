@@ -57,7 +57,13 @@ cmd_install() {
         rm -rf "$VENV"
         "$PY" -m venv "$VENV"
         # one resolver run for everything; TORCH_SPEC=torch==2.13.0 is the CPU wheel (a bare "torch" may be CUDA's)
-        "$VENV/bin/pip" install -q --no-compile "${TORCH_SPEC:-torch}" -r "$HERE/requirements.txt" "$COURSE_SRC"
+        # tried up to three times: a download that breaks off mid-file fails pip, and a fresh request usually works
+        local try
+        for try in 1 2 3; do
+            "$VENV/bin/pip" install -q --no-compile "${TORCH_SPEC:-torch}" -r "$HERE/requirements.txt" "$COURSE_SRC" && break
+            [ "$try" = 3 ] && die "pip failed three times (see above)"
+            echo "pip failed (try $try of 3); trying again in 10 s" >&2; sleep 10
+        done
         "$VENV/bin/python" -m compileall -qq -j 0 "$VENV/lib" || true
         echo "$stamp" >"$VENV/.dtlabs-stamp"
     else
