@@ -67,6 +67,7 @@ def _call(ref: str, *args):
 # lab's own notebook code: only packages.
 PRELOAD = (
     "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.comm", "IPython.core.completer",
+    "ipykernel.debugger",  # every IPythonKernel imports it (debugpy: a third of a forked kernel's start)
     "jupyter_client.session", "numpy", "torch", "torch.distributed", "torch.nn", "torch.optim", "cloudpickle",
     "psutil", "lab_utils.launcher.launch", "lab_utils.launcher.plaindata", "lab_utils.labkit.checks",
     "lab_utils.grading.split.proxy",

@@ -4,6 +4,7 @@ kind's own run)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -43,6 +44,10 @@ def serve(ctl_fd: int, listen_fd: int, kind_json: str) -> None:
             os._exit(1)
     if kind.prepare:
         _call(kind.prepare)
+    # Every object imported so far goes to the collector's permanent generation: a child's collections would
+    # otherwise walk them all, writing to each one's header and so copying every page the imports filled.
+    gc.collect()
+    gc.freeze()
     ctl.send(json.dumps({"ready": True, "failed": failed}).encode())
     key = import_key(os.environ)
     wake_r, wake_w = os.pipe()
