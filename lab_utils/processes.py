@@ -29,8 +29,12 @@ def python_path(extra: str | None = None) -> str:
 # libgomp (torch's OpenMP) lets a thread that finishes a parallel region first spin for the others. Where processes
 # share the cores (a grading's kernel, sandboxed subject and ranks; gradings side by side; the test suite's workers),
 # the spinning thread burns the core the one it waits for needs: the same work in 2 and 4 processes on 2 cores took
-# 1.8x and 2.5x the CPU-seconds (benchmarks/bench_omp_wait.py). PASSIVE sleeps instead. A policy the user set wins.
-SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# 1.8x and 2.5x the CPU-seconds (benchmarks/bench_shared_cores.py). PASSIVE sleeps instead. numpy's OpenBLAS does
+# the same with its worker threads: each spins 2^28 cycles (about 0.1 s) waiting for work before it sleeps, at
+# start and after every threaded call, so each process that imports numpy (torch does) burnt 0.1 CPU-s for nothing:
+# 0.18 against 0.08 CPU-s for `import numpy`, 0.20 against 0.07 for a forked grader kernel's start. A timeout of 2^4
+# cycles sleeps at once. A value the user set wins.
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
 
 
 def share_cores(env: dict) -> dict:

@@ -75,8 +75,8 @@ PRELOAD = (
 # Environment that decides what an import finds or how an extension initialises: a server serves only kernels whose
 # values match those it imported under (OMP_NUM_THREADS included: libgomp reads it when torch loads it).
 KEY_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE",
-            "LD_PRELOAD", "LD_LIBRARY_PATH")
-KEY_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_")  # OPENBLAS_*: set in the kernel (_openblas_threads)
+            "LD_PRELOAD", "LD_LIBRARY_PATH", "OPENBLAS_THREAD_TIMEOUT")  # OpenBLAS reads its spin when numpy loads it
+KEY_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_")  # OPENBLAS_NUM_THREADS: set in the kernel (_openblas_threads)
 PAD_VAR = "DTLABS_WARM_ENV_ROOM"
 ENV_ROOM = 1 << 16  # bytes of /proc/PID/environ a forked kernel can fill with its own environment
 ARG_ROOM = 1 << 12  # and of /proc/PID/cmdline, for its own command line
