@@ -23,6 +23,7 @@ watchdog) and, on SIGTERM, kills every descendant before it exits.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import queue
 import select
@@ -245,6 +246,7 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
             if msg.get("op") == "fork":
                 sys.stdout.flush()
                 sys.stderr.flush()
+                gc.freeze()  # the rank's collections skip (and so leave uncopied) every object the zygote made
                 pid = os.fork()
                 if pid == 0:
                     sock.close()

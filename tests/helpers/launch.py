@@ -86,6 +86,13 @@ def sleep_forever(marker_dir):
         time.sleep(0.1)
 
 
+def frozen_objects():
+    """How many objects this rank's garbage collector leaves alone (``gc.freeze``): the zygote's, made before the fork."""
+    import gc
+
+    return gc.get_freeze_count()
+
+
 def returns_own_rank():
     import torch.distributed as dist
 

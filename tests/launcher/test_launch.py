@@ -64,6 +64,14 @@ def test_each_launch_gets_fresh_processes():
     assert {e["pid"] for e in a}.isdisjoint({e["pid"] for e in b})
 
 
+def test_a_rank_never_collects_the_objects_it_was_forked_with():
+    """The zygote freezes its objects (torch's, imported once) before each fork: a rank's full collections would
+    otherwise walk them all and, by writing to each, copy every page they sit on (10 launches of a rank making 200,000
+    small objects: 13.9 CPU-s without, 3.5 with)."""
+    frozen = launch(h.frozen_objects, world_size=2, quiet=True)
+    assert min(frozen) > 10_000, f"objects frozen in each rank: {frozen} (none: the zygote forked without gc.freeze)"
+
+
 def test_output_is_prefixed_with_the_rank(capsys):
     launch(h.say_hello, world_size=2, quiet=True)
     out, err = capsys.readouterr()
