@@ -28,6 +28,7 @@ import pytest
 from deploy_helpers import APART, COURSE_PARENT, TEACHER, TIMINGS, run_as, teacher_env
 
 from lab_utils import grading
+from lab_utils.grading.boundary import separate_user
 
 pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group(APART)]
 TESTS = Path(__file__).resolve().parents[1]
@@ -138,6 +139,43 @@ def test_root_grades_the_cheat_corpus_as_the_separate_user(course):
     assert not cheat_corpus.PWNED.exists(), "a hostile return value ran code in the grader"
     left = subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the separate user outlived grading: {left}"
+
+
+def _subject_folders() -> set:
+    return {p for p in Path("/tmp").glob(f"{separate_user.WORK_ROOT_PREFIX}*")}
+
+
+@pytest.mark.timeout(900)
+def test_a_grading_killed_as_the_separate_user_leaves_nothing_past_the_next(course):
+    """A grading killed outright (a scheduler's time limit, an OOM kill) runs none of its cleanup: its subjects'
+    folder, the separate user's files with a student's submission in them, stayed in /tmp for good. The next grading
+    on the machine removes it before its own subject starts."""
+    root = COURSE_PARENT / "boundary killed" / "course"
+    shutil.rmtree(root.parent, ignore_errors=True)
+    root.mkdir(parents=True)
+    _small_class(root)
+    subprocess.run(["chown", "-R", f"{TEACHER}:", str(root.parent)], check=True)
+    os.chmod(root.parent, 0o755)
+    env = _root_env(course, DTLABS_MEMORY_MB=4096, DTLABS_MAX_PROCS=64, DTLABS_DISK_MB=256)
+    fixed = subprocess.run(_refusing(course, "dtlabs", "doctor", "--grading", LAB, "--fix", "--course-root", root),
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert f"{LAB}: can be graded here" in fixed.stdout, fixed.stdout + fixed.stderr
+    before = _subject_folders()
+    grade = _refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--course-root", root)
+    victim = subprocess.Popen(grade, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True).stdout and victim.poll() is None:
+        assert time.monotonic() < deadline, "no subject of the separate user started within 240 s"
+        time.sleep(0.2)
+    os.killpg(victim.pid, 9)  # the grading and its kernels, at once: no finally runs
+    victim.wait(timeout=30)
+    left = _subject_folders() - before
+    assert left and any(any(p.iterdir()) for p in left), "the killed grading left no subject folder to test with"
+    graded = subprocess.run(grade, env=env, capture_output=True, text=True, timeout=600)
+    assert graded.returncode == 0 and "sandbox: user" in graded.stdout, graded.stdout + graded.stderr
+    assert not (_subject_folders() - before), f"a killed grading's subject folder outlived the next grading: {left}"
+    assert not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
 
 
 @pytest.mark.timeout(1200)

@@ -142,14 +142,76 @@ def kill_user(uid: int) -> None:
     processes.kill_procs([p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid])
 
 
+WORK_ROOT_PREFIX = "dtlabs-subjects-"  # + "<pid namespace>-<pid>-" of the grading: what remove_stale_work_roots reads
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (its inode): a pid means something only inside it, and a temp folder may be
+    shared by containers that each have their own."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def make_work_root(user_mode: bool) -> str:
+    """A grading's folder for its subjects' folders, named with this process's pid: removed when the grading ends,
+    or, where the grading was killed first, by the next grading on the machine (``remove_stale_work_roots``). The
+    separate user passes through it (0711) to its own folder, no more."""
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix=f"{WORK_ROOT_PREFIX}{_pid_namespace()}-{os.getpid()}-",
+                            dir=subjects_folder() if user_mode else None)
+    if user_mode:
+        os.chmod(root, 0o711)
+    return root
+
+
+def remove_stale_work_roots() -> list[str]:
+    """Remove the subject folders of gradings that were killed before they could (their pid is gone): a student's
+    files, the separate user's, would otherwise stay in the temp folder for good (closed to listing, so no later
+    submission can find them, but kept past the grading that needed them). Returns what was removed. Only a dead grading's folders, and only of this pid namespace: one still running
+    (waiting for the lock) keeps its own, and so does one in another container that shares the temp folder."""
+    import shutil
+    import tempfile
+
+    removed, mine = [], f"{WORK_ROOT_PREFIX}{_pid_namespace()}-"
+    for parent in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            pid = name[len(mine):].split("-", 1)[0]
+            if not name.startswith(mine) or not pid.isdigit() or _alive(int(pid)):
+                continue
+            path = os.path.join(parent, name)
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.exists(path):
+                removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def one_subject_at_a_time(uid: int) -> int:
     """Two subjects of one user could signal, trace or read each other's processes: on a machine, the separate user
     runs one submission at a time (``dtlabs grade --jobs`` and concurrent ``grade-one`` tasks wait here), and what a
-    crashed grading left running as that user is killed before the next starts."""
+    crashed grading left running as that user is killed, and what it left in the temp folder removed, before the next
+    starts."""
     import fcntl
 
     fd = os.open(f"/run/lock/dtlabs-subject-{uid}.lock" if os.path.isdir("/run/lock") else
                  f"/tmp/dtlabs-subject-{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     kill_user(uid)
+    remove_stale_work_roots()
     return fd

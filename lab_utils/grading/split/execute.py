@@ -185,10 +185,7 @@ class SplitExecute(Execute):
                 "its own (as the course's labs/NN_topic/ folders are) and run again")))
         limits = settings.load(self.config)  # the run's config (the course's, the flags'), then the environment
         user_mode = sandbox.mode(limits.sandbox) == "user"
-        # removed here: the kernel may die uncleaned. The separate user passes through it to its own folder, no more
-        work_root = tempfile.mkdtemp(prefix="dtlabs-subjects-", dir=separate_user.subjects_folder() if user_mode else None)
-        if user_mode:
-            os.chmod(work_root, 0o711)
+        work_root = separate_user.make_work_root(user_mode)  # removed here: the kernel may die uncleaned
         self._kernel_home = tempfile.mkdtemp(prefix="dtlabs-grader-")  # the kernel's working directory, empty
         self._kernel_ipython = tempfile.mkdtemp(prefix="dtlabs-ipython-")  # its IPython profile: none of the user's
         preamble = new_code_cell(
