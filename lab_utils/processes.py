@@ -363,3 +363,4 @@ def reap_token(token: str, var: str, grace_s: float = 0.0) -> list[str]:
         killed += kill_procs(procs)
         procs = with_token(token, var)
     return killed
+

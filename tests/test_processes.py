@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from lab_utils import processes
+from lab_utils import processes, tempdirs
 
 # a parent with a child started by its main thread, one started by a thread that has ended, one by a thread that
 # still runs, and a grandchild
@@ -67,3 +69,27 @@ def test_a_zombie_is_not_part_of_a_live_tree():
         assert child.pid not in [p.pid for p in processes.tree(os.getpid())]
     finally:
         child.wait()
+
+
+def test_a_killed_owners_temp_folders_are_removed_later_and_no_one_elses(monkeypatch, tmp_path):
+    """``owned_tempdir``: a process killed before its cleanup (a grading's subjects' folder, a torchrun harness's log
+    folder) leaves its folder; ``remove_orphaned_tempdirs`` removes those of dead owners of this pid namespace, and
+    nothing else: not a live owner's, not another container's, not a stranger's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = "dtlabs-test-owned-"
+    made = subprocess.run(  # an owner that made its folder and died without removing it
+        [sys.executable, "-c", "import sys, tempfile; tempfile.tempdir = sys.argv[1]; from lab_utils import tempdirs;"
+         "print(tempdirs.owned_tempdir(sys.argv[2], tag='run7'))", str(tmp_path), prefix],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": processes.python_path()})
+    dead = Path(made.stdout.strip())
+    (dead / "student").mkdir()
+    (dead / "student" / "answers.ipynb").write_text("{}")
+    assert dead.name[len(prefix):].split("-")[2] == "run7", dead.name
+    live = Path(tempdirs.owned_tempdir(prefix))  # this process's: alive
+    ns, pid = dead.name[len(prefix):].split("-")[:2]
+    other_container = tmp_path / f"{prefix}{int(ns) + 1}-{pid}-x"
+    stranger = tmp_path / f"{prefix}of-someone"
+    for folder in (other_container, stranger):
+        folder.mkdir()
+    assert tempdirs.remove_orphaned_tempdirs(prefix) == [str(dead)] and not dead.exists()
+    assert live.is_dir() and other_container.is_dir() and stranger.is_dir(), os.listdir(tmp_path)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab_utils import processes
+from lab_utils import processes, tempdirs
 from lab_utils.grading.boundary import mounts
 
 
@@ -142,64 +142,26 @@ def kill_user(uid: int) -> None:
     processes.kill_procs([p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid])
 
 
-WORK_ROOT_PREFIX = "dtlabs-subjects-"  # + "<pid namespace>-<pid>-" of the grading: what remove_stale_work_roots reads
-
-
-def _pid_namespace() -> str:
-    """This process's pid namespace (its inode): a pid means something only inside it, and a temp folder may be
-    shared by containers that each have their own."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "0"
+WORK_ROOT_PREFIX = "dtlabs-subjects-"
 
 
 def make_work_root(user_mode: bool) -> str:
-    """A grading's folder for its subjects' folders, named with this process's pid: removed when the grading ends,
-    or, where the grading was killed first, by the next grading on the machine (``remove_stale_work_roots``). The
-    separate user passes through it (0711) to its own folder, no more."""
-    import tempfile
-
-    root = tempfile.mkdtemp(prefix=f"{WORK_ROOT_PREFIX}{_pid_namespace()}-{os.getpid()}-",
-                            dir=subjects_folder() if user_mode else None)
+    """A grading's folder for its subjects' folders (``tempdirs.owned_tempdir``): removed when the grading ends, or,
+    where the grading was killed first, by the next one on the machine (``remove_stale_work_roots``). The separate
+    user passes through it (0711) to its own folder, no more."""
+    root = tempdirs.owned_tempdir(WORK_ROOT_PREFIX, dir=subjects_folder() if user_mode else None)
     if user_mode:
         os.chmod(root, 0o711)
     return root
 
 
 def remove_stale_work_roots() -> list[str]:
-    """Remove the subject folders of gradings that were killed before they could (their pid is gone): a student's
-    files, the separate user's, would otherwise stay in the temp folder for good (closed to listing, so no later
-    submission can find them, but kept past the grading that needed them). Returns what was removed. Only a dead grading's folders, and only of this pid namespace: one still running
-    (waiting for the lock) keeps its own, and so does one in another container that shares the temp folder."""
-    import shutil
+    """Remove the subject folders of gradings that were killed before they could: a student's files, the separate
+    user's, would otherwise stay in the temp folder for good (closed to listing, so no later submission can find
+    them, but kept past the grading that needed them). Never a live grading's (one waiting for the lock)."""
     import tempfile
 
-    removed, mine = [], f"{WORK_ROOT_PREFIX}{_pid_namespace()}-"
-    for parent in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):
-        try:
-            names = os.listdir(parent)
-        except OSError:
-            continue
-        for name in names:
-            pid = name[len(mine):].split("-", 1)[0]
-            if not name.startswith(mine) or not pid.isdigit() or _alive(int(pid)):
-                continue
-            path = os.path.join(parent, name)
-            shutil.rmtree(path, ignore_errors=True)
-            if not os.path.exists(path):
-                removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return tempdirs.remove_orphaned_tempdirs(WORK_ROOT_PREFIX, [tempfile.gettempdir(), "/tmp"])
 
 
 def one_subject_at_a_time(uid: int) -> int:

@@ -9,14 +9,21 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from lab_utils import processes
+from lab_utils import processes, tempdirs
 from lab_utils.labkit.torchrun.reaping import MARKER, kill_node, port_owners, reap, remember_children
+
+LOG_PREFIX = "dtlabs-torchrun-"
+
+
+def remove_stale_log_folders() -> list[str]:
+    """The log folders of runs whose harness was killed, with its agents, before either could remove them."""
+    return tempdirs.remove_orphaned_tempdirs(LOG_PREFIX)
+
 
 HOST = "127.0.0.1"
 AGENT_STORE = "DTLABS_AGENT_STORE"  # host:port:n of the run's store, for the agent that must wait for n others
@@ -189,8 +196,10 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                              lambda n=node: queued.put((n, None)))
 
     # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
-    # folder in /tmp and never removes it; this one goes when the run does (the finally below)
-    logs = tempfile.mkdtemp(prefix=f"dtlabs-torchrun-{run_id}-")
+    # folder in /tmp and never removes it; this one goes when the run does (the finally below), or, where this
+    # process was killed first and its agents in turn, with the next run's start
+    remove_stale_log_folders()
+    logs = tempdirs.owned_tempdir(LOG_PREFIX, tag=run_id)
     try:
         for node in range(nnodes):
             start_agent(node)

@@ -192,27 +192,3 @@ def test_a_separate_user_who_cannot_run_this_python_is_a_refusal_not_a_grade(mon
         with pytest.raises(sandbox.SandboxUnavailable, match="could not run as 'nobody'"):
             sandbox.require("user", course_root=Path(__file__).resolve().parents[3])
 
-
-def test_a_killed_gradings_subject_folders_are_removed_by_the_next_and_no_one_elses(monkeypatch, tmp_path):
-    """A grading killed before its cleanup leaves its subjects' folder (as the separate user: a student's files, kept
-    for good). The next grading removes the folders of dead gradings of its own pid namespace, and nothing else: not
-    a running grading's, not another container's, not a stranger's."""
-    from lab_utils.grading.boundary import separate_user
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    made = subprocess.run(  # a grading that made its folder and died without removing it
-        [sys.executable, "-c", "import sys; sys.path[:0] = sys.argv[1:2]; import tempfile; tempfile.tempdir = sys.argv[2];"
-         "from lab_utils.grading.boundary import separate_user as s; print(s.make_work_root(False))",
-         str(Path(sandbox.__file__).parents[3]), str(tmp_path)], capture_output=True, text=True, check=True)
-    dead = Path(made.stdout.strip())
-    (dead / "student").mkdir()
-    (dead / "student" / "answers.ipynb").write_text("{}")
-    running = Path(separate_user.make_work_root(False))  # this process's: alive
-    ns = dead.name[len(separate_user.WORK_ROOT_PREFIX):].split("-")[0]
-    other_container = tmp_path / f"{separate_user.WORK_ROOT_PREFIX}{int(ns) + 1}-{dead.name.split('-')[3]}-x"
-    stranger = tmp_path / "dtlabs-subjects-of-someone"
-    for folder in (other_container, stranger):
-        folder.mkdir()
-    removed = separate_user.remove_stale_work_roots()
-    assert str(dead) in removed and not dead.exists()
-    assert running.is_dir() and other_container.is_dir() and stranger.is_dir(), os.listdir(tmp_path)
