@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 
 from deploy_helpers import APART, COURSE_PARENT, TEACHER, TIMINGS, run_as, teacher_env
@@ -145,6 +146,19 @@ def _subject_folders() -> set:
     return {p for p in Path("/tmp").glob(f"{separate_user.WORK_ROOT_PREFIX}*")}
 
 
+def _owner(folder: Path) -> int:
+    """The pid a subjects' folder is named for (``tempdirs.owned_tempdir``), 0 if none."""
+    parts = folder.name[len(separate_user.WORK_ROOT_PREFIX):].split("-")
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
+
+
+def _holds_a_folder(folder: Path) -> bool:
+    try:
+        return any(p.is_dir() for p in folder.iterdir())
+    except OSError:
+        return False
+
+
 @pytest.mark.timeout(900)
 def test_a_grading_killed_as_the_separate_user_leaves_nothing_past_the_next(course):
     """A grading killed outright (a scheduler's time limit, an OOM kill) runs none of its cleanup: its subjects'
@@ -160,21 +174,27 @@ def test_a_grading_killed_as_the_separate_user_leaves_nothing_past_the_next(cour
     fixed = subprocess.run(_refusing(course, "dtlabs", "doctor", "--grading", LAB, "--fix", "--course-root", root),
                            env=env, capture_output=True, text=True, timeout=600)
     assert f"{LAB}: can be graded here" in fixed.stdout, fixed.stdout + fixed.stderr
-    before = _subject_folders()
     grade = _refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--course-root", root)
-    victim = subprocess.Popen(grade, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True).stdout and victim.poll() is None:
-        assert time.monotonic() < deadline, "no subject of the separate user started within 240 s"
+    log = root.parent / "killed grading.log"
+    with open(log, "w") as fh:
+        victim = subprocess.Popen(grade, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    # its own subjects' folder (named for the pid of a process of its tree), once a subject's folder is in it
+    deadline, mine = time.monotonic() + 240, None
+    while mine is None:
+        assert victim.poll() is None and time.monotonic() < deadline, (
+            f"the grading made no subject folder in 240 s (exit {victim.poll()}):\n{log.read_text()[-3000:]}")
         time.sleep(0.2)
+        try:
+            tree = {p.pid for p in psutil.Process(victim.pid).children(recursive=True)}
+        except psutil.Error:
+            continue
+        mine = next((f for f in _subject_folders() if _owner(f) in tree and _holds_a_folder(f)), None)
     os.killpg(victim.pid, 9)  # the grading and its kernels, at once: no finally runs
     victim.wait(timeout=30)
-    left = _subject_folders() - before
-    assert left and any(any(p.iterdir()) for p in left), "the killed grading left no subject folder to test with"
     graded = subprocess.run(grade, env=env, capture_output=True, text=True, timeout=600)
     assert graded.returncode == 0 and "sandbox: user" in graded.stdout, graded.stdout + graded.stderr
-    assert not (_subject_folders() - before), f"a killed grading's subject folder outlived the next grading: {left}"
+    # removed by the next grading to take the separate user's lock: this one, or another test's
+    assert not mine.exists(), f"a killed grading's subject folder outlived the next grading: {mine}"
     assert not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
 
 
