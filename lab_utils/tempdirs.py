@@ -30,6 +30,8 @@ def remove_orphaned_tempdirs(prefix: str, parents=None) -> list[str]:
     import shutil
     import tempfile
 
+    import psutil
+
     mine = f"{prefix}{_pid_namespace()}-"
     removed = []
     for parent in dict.fromkeys(parents or [tempfile.gettempdir()]):
@@ -39,7 +41,7 @@ def remove_orphaned_tempdirs(prefix: str, parents=None) -> list[str]:
             continue
         for name in names:
             pid = name[len(mine):].split("-", 1)[0]
-            if not name.startswith(mine) or not pid.isdigit() or _alive(int(pid)):
+            if not name.startswith(mine) or not pid.isdigit() or psutil.pid_exists(int(pid)):
                 continue
             path = os.path.join(parent, name)
             shutil.rmtree(path, ignore_errors=True)
@@ -47,12 +49,3 @@ def remove_orphaned_tempdirs(prefix: str, parents=None) -> list[str]:
                 removed.append(path)
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -13,6 +13,7 @@
 | outcomes         | what a grading run said: reasons typed by whose they are; each run's record kept         |
 | feedback         | feedback HTML without hidden tests                                                       |
 | validate         | the student's pre-submission check, with an exit code                                    |
+| scratch          | a grading's temp folders, named for their maker: the next run removes a killed one's     |
 | boundary/        | the submission kept in: files copied as data, the sandbox, the unprotected mode's guard  |
 | export/          | grades out: Gradescope autograder, Canvas CSV, late penalties, the class report          |
 | split/           | split execution: answers in the sandboxed subject, tests in the grader kernel            |

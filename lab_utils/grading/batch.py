@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from lab_utils import processes
 from lab_utils.grading import canary, gradebook, outcomes
+from lab_utils.grading import scratch as grading_scratch
 from lab_utils.grading.boundary import ids, inbox, sandbox
 from lab_utils.grading.course import WORK, discover_labs, find_course_root
 from lab_utils.grading.boundary.guard import Guard, GuardError, startup_watch
@@ -238,7 +238,7 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
             out(f"   MISSING: no submission of {lab} from {', '.join(map(ids.shown, missing))} (students of the "
                 "gradebook; grades.csv gives them 0)")
         if fresh[lab]:  # the course's gradebook now holds the lab: a snapshot of it is every submission's template
-            tdir = Path(tempfile.mkdtemp(prefix=f"dtlabs-template-{lab}-"))
+            tdir = Path(grading_scratch.make("dtlabs-template-", tag=lab))
             scratch_dirs.append(tdir)
             (tdir / WORK).mkdir(parents=True)
             shutil.copy2(course_root / WORK / "gradebook.db", tdir / WORK / "gradebook.db")

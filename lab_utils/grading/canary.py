@@ -30,6 +30,7 @@ from pathlib import Path
 from lab_utils import processes
 from lab_utils.grading.quality.build import fill_solutions, without_demos
 from lab_utils.grading.course import WORK
+from lab_utils.grading import scratch as grading_scratch
 from lab_utils.grading.nbgrader_run import course_settings
 from lab_utils.grading.submission import grade_submission, prepare_template
 
@@ -161,7 +162,7 @@ def _grade_canary(course_root: Path, lab: str, key: str, settings, out) -> Verdi
     start = time.monotonic()
     out(f"== {lab}: checking that this machine can grade it (the lab's solution and its empty release, graded here)")
     verdict = Verdict(lab)
-    scratch = Path(tempfile.mkdtemp(prefix=f"dtlabs-canary-{lab}-"))
+    scratch = Path(grading_scratch.make("dtlabs-canary-", tag=lab))
     try:
         template = prepare_template(course_root, lab, scratch / "template", settings=settings)
         release_nb = nbformat.read(str(template / WORK / "release" / lab / f"{lab}.ipynb"), as_version=4)

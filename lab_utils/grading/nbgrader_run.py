@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from lab_utils import processes
 from lab_utils.grading.course import CONFIG, WORK, find_course_root
+from lab_utils.grading import scratch as grading_scratch
 from lab_utils.grading.split import warm
 
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parent / "default_config"
@@ -180,8 +180,10 @@ def run_nbgrader(args, *, course_root=None, settings=None, timeout=None, echo=Fa
     env.update(env_extra or {})
     env[TOKEN_VAR] = token
     # The run's own temp folder, removed below: a run killed at its limit never gets to remove what it made there
-    # (the kernel's and the subject's folders, SplitExecute.split)
-    run_tmp = tempfile.mkdtemp(prefix="dtlabs-run-", dir=env.get("TMPDIR"))
+    # (the kernel's and the subject's folders, SplitExecute.split). What a grading killed outright left (this folder,
+    # and its other scratch folders) the next run removes first.
+    grading_scratch.remove_orphans(env.get("TMPDIR"))
+    run_tmp = grading_scratch.make("dtlabs-run-", dir=env.get("TMPDIR"))
     env["TMPDIR"] = run_tmp
     dt = settings if settings is not None else dtlabs.load()  # load: the environment's
     if dt.warm_kernels and args and str(args[0]) in ("autograde", "validate"):  # kernels fork from our server

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_utils.grading import gradebook
+from lab_utils.grading import scratch as grading_scratch
 from lab_utils.grading.boundary.files import SubmissionError, copy_submission, regular_notebook
 from lab_utils.grading.course import WORK, cell_meta, split_hidden
 from lab_utils.grading.nbgrader_run import course_settings, run_nbgrader
@@ -155,7 +155,7 @@ def grade_submission(course_root: Path, lab: str, student: str, template: Path, 
         settings = course_settings(course_root)
     timeout = settings.submission_timeout
     start = time.monotonic()
-    scratch = Path(scratch or tempfile.mkdtemp(prefix=f"dtlabs-grade-{lab}-"))
+    scratch = Path(scratch or grading_scratch.make("dtlabs-grade-", tag=lab))
     scratch.mkdir(parents=True, exist_ok=True)
     os.chmod(scratch, 0o700)
     (scratch / WORK).mkdir(parents=True, exist_ok=True)

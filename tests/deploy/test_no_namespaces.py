@@ -146,10 +146,17 @@ def _subject_folders() -> set:
     return {p for p in Path("/tmp").glob(f"{separate_user.WORK_ROOT_PREFIX}*")}
 
 
-def _owner(folder: Path) -> int:
-    """The pid a subjects' folder is named for (``tempdirs.owned_tempdir``), 0 if none."""
-    parts = folder.name[len(separate_user.WORK_ROOT_PREFIX):].split("-")
+def _owner(folder: Path, prefix: str = separate_user.WORK_ROOT_PREFIX) -> int:
+    """The pid a folder of ``tempdirs.owned_tempdir(prefix)`` is named for, 0 if none."""
+    parts = folder.name[len(prefix):].split("-")
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
+
+
+def _scratch_folders(pids: set) -> set:
+    """The grading's own scratch folders in /tmp (``lab_utils.grading.scratch``) made by one of ``pids``."""
+    from lab_utils.grading import scratch
+
+    return {p for prefix in scratch.PREFIXES for p in Path("/tmp").glob(f"{prefix}*") if _owner(p, prefix) in pids}
 
 
 def _holds_a_folder(folder: Path) -> bool:
@@ -162,8 +169,8 @@ def _holds_a_folder(folder: Path) -> bool:
 @pytest.mark.timeout(900)
 def test_a_grading_killed_as_the_separate_user_leaves_nothing_past_the_next(course):
     """A grading killed outright (a scheduler's time limit, an OOM kill) runs none of its cleanup: its subjects'
-    folder, the separate user's files with a student's submission in them, stayed in /tmp for good. The next grading
-    on the machine removes it before its own subject starts."""
+    folder, the separate user's files with a student's submission in them, and its own scratch folders stayed in /tmp
+    for good. The next grading on the machine removes them (its own subject's folder before its subject starts)."""
     root = COURSE_PARENT / "boundary killed" / "course"
     shutil.rmtree(root.parent, ignore_errors=True)
     root.mkdir(parents=True)
@@ -189,12 +196,15 @@ def test_a_grading_killed_as_the_separate_user_leaves_nothing_past_the_next(cour
         except psutil.Error:
             continue
         mine = next((f for f in _subject_folders() if _owner(f) in tree and _holds_a_folder(f)), None)
+    scratch = _scratch_folders(tree | {victim.pid})  # and the grader's own: the submission's copy, the template, nbgrader's
     os.killpg(victim.pid, 9)  # the grading and its kernels, at once: no finally runs
     victim.wait(timeout=30)
     graded = subprocess.run(grade, env=env, capture_output=True, text=True, timeout=600)
     assert graded.returncode == 0 and "sandbox: user" in graded.stdout, graded.stdout + graded.stderr
     # removed by the next grading to take the separate user's lock: this one, or another test's
     assert not mine.exists(), f"a killed grading's subject folder outlived the next grading: {mine}"
+    assert scratch and not [f for f in scratch if f.exists()], (
+        f"a killed grading's scratch folders outlived the next grading: {sorted(map(str, scratch))}")
     assert not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
 
 

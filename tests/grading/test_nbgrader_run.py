@@ -179,3 +179,24 @@ def test_a_run_dies_with_a_server_killed_before_it_reported_the_run(probe_course
         server.stop()
         if run is not None:
             processes.killpg_quiet(run)  # the run leads its own session
+
+
+def test_what_a_killed_grading_left_in_the_temp_folder_the_next_run_removes(probe_course, tmp_path, monkeypatch):
+    """A grading killed outright (SIGKILL: a scheduler's limit, the OOM killer) runs no cleanup: its scratch folders
+    (a submission's copy, the class's template, nbgrader's run folder) stay. Each is named for the process that
+    made it, and the next nbgrader run removes those of dead gradings, not a live one's."""
+    from lab_utils.grading import scratch
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    made = subprocess.run(  # a grading that made its folders and was killed before removing them
+        [sys.executable, "-c", "import sys; from lab_utils.grading import scratch; "
+         "print('\\n'.join(scratch.make(p, tag='lab', dir=sys.argv[1]) for p in scratch.PREFIXES))", str(tmp)],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": processes.python_path()})
+    dead = made.stdout.split()
+    assert len(dead) == len(scratch.PREFIXES) and all(os.path.isdir(d) for d in dead), made.stdout
+    live = scratch.make("dtlabs-grade-", tag="lab", dir=str(tmp))  # this process's: a grading still running
+    run = _run(probe_course, "after-a-kill")
+    assert run.returncode == 0, run.output
+    assert sorted(os.listdir(tmp)) == [os.path.basename(live)], "left: " + ", ".join(sorted(os.listdir(tmp)))

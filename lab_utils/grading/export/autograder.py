@@ -142,6 +142,7 @@ def _graded(manifest: dict, res, hidden: list[str]) -> dict:
 
 def _grade(root: Path, manifest: dict, dt, out) -> tuple[dict, Status]:
     from lab_utils.grading import canary
+    from lab_utils.grading import scratch as grading_scratch
     from lab_utils.grading.boundary import sandbox
     from lab_utils.grading.export import cells
     from lab_utils.grading.boundary.files import SubmissionError
@@ -168,7 +169,7 @@ def _grade(root: Path, manifest: dict, dt, out) -> tuple[dict, Status]:
     if not verdict.ok:
         return environment_error(manifest, verdict.explain()), Status.INCOMPLETE
     hidden = cells.lab_hidden_lines(cells.source_notebook(course, lab))
-    scratch = Path(tempfile.mkdtemp(prefix=f"dtlabs-gradescope-{lab}-"))
+    scratch = Path(grading_scratch.make("dtlabs-gradescope-", tag=lab))
     try:
         staged = scratch / "submitted" / STUDENT / lab
         try:
