@@ -8,7 +8,9 @@ each process, and never touches a process that was not found one of those two wa
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import os
 import signal
 import subprocess
@@ -86,6 +88,22 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, watch_s: fl
                     os._exit(1)
 
         threading.Thread(target=watch, name="dtlabs-parent-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def collector_off_while_importing():
+    """Heavy imports (torch) with the cyclic collector off, their objects then frozen (``gc.freeze``): importing torch
+    set off collection after collection over objects that live as long as the process, a fifth of the import's CPU,
+    and every later full collection would walk them again. (A fork server keeps the collector off for good instead,
+    as Python's gc docs advise, and turns it on in each child.)"""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 class ForkedChild:

@@ -1,6 +1,7 @@
 """Fixtures and hooks only; what they are built from lives in ``tests/helpers/``."""
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -82,6 +83,13 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     if getattr(config.option, "numprocesses", None):
         items.sort(key=expected_s, reverse=True)  # stable: equal weights keep their collection order
+
+
+def pytest_collection_finish(session):
+    """What collecting imported (torch, nbgrader, papermill, the test modules) lives as long as this process: frozen,
+    the collections during the tests walk only what the tests make (lab_utils.processes.collector_off_while_importing)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_unconfigure(config):

@@ -7,6 +7,7 @@ function and sends back ``("ok", value)`` or ``("error", description)``.
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ CELL_END = "\x1edtlabs-cell-end"
 def rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: int) -> None:
     os.setsid()  # own process group: the launcher kills rank + its children with one killpg
     processes.set_name(f"dtlabs-rank{rank}")
+    gc.enable()  # the zygote runs without the collector; a rank runs a student's code
     processes.die_with_parent(zygote_pid, watch_s=0.5)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's clean-up handler is not ours

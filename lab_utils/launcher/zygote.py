@@ -160,8 +160,9 @@ def fork_zygote(close_fds=()) -> None:
     else (a notebook kernel has threads) the zygote is a fresh interpreter, started on first use.
     """
     global _zygote
-    for name in CORE_IMPORTS:
-        __import__(name)
+    with processes.collector_off_while_importing():
+        for name in CORE_IMPORTS:
+            __import__(name)
     if threading.active_count() > 1:
         raise RuntimeError("fork_zygote() needs a single-threaded process; launch() starts a fresh zygote instead")
     with lock:
@@ -195,6 +196,7 @@ atexit.register(shutdown)
 # ------------------------------------------------------------------------------------- the zygote's side
 def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     """The zygote's life: import torch, then warm up while serving forks until the launcher goes."""
+    gc.disable()  # a fork server: no collection over what it imports (a fifth of torch's import); ranks turn it on
     import psutil  # noqa: F401 - before the SIGTERM handler can run: it kills with psutil, mid-import would fail
     processes.set_name("dtlabs-zygote")
     # Every process under us stays ours: orphaned rank children (own-session ones included) re-parent to the

@@ -87,10 +87,11 @@ def sleep_forever(marker_dir):
 
 
 def frozen_objects():
-    """How many objects this rank's garbage collector leaves alone (``gc.freeze``): the zygote's, made before the fork."""
+    """How many objects this rank's garbage collector leaves alone (``gc.freeze``: the zygote's, made before the fork),
+    and whether it collects at all (the zygote runs without the collector; a rank runs a student's code)."""
     import gc
 
-    return gc.get_freeze_count()
+    return gc.get_freeze_count(), gc.isenabled()
 
 
 def returns_own_rank():

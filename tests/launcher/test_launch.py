@@ -68,8 +68,10 @@ def test_a_rank_never_collects_the_objects_it_was_forked_with():
     """The zygote freezes its objects (torch's, imported once) before each fork: a rank's full collections would
     otherwise walk them all and, by writing to each, copy every page they sit on (10 launches of a rank making 200,000
     small objects: 13.9 CPU-s without, 3.5 with)."""
-    frozen = launch(h.frozen_objects, world_size=2, quiet=True)
+    ranks = launch(h.frozen_objects, world_size=2, quiet=True)
+    frozen = [n for n, _ in ranks]
     assert min(frozen) > 10_000, f"objects frozen in each rank: {frozen} (none: the zygote forked without gc.freeze)"
+    assert all(on for _, on in ranks), "a rank runs without the garbage collector (the zygote's is off: turn it on)"
 
 
 def test_output_is_prefixed_with_the_rank(capsys):

@@ -20,6 +20,8 @@ def _agent_main(argv):
     processes.die_with_parent(int(argv[0]), signal.SIGTERM)  # torchrun stops its workers on SIGTERM
     import runpy
 
+    with processes.collector_off_while_importing():
+        import torch.distributed.launcher.api  # noqa: F401 - what torchrun's main imports (not itself: runpy runs it)
     sys.argv = ["torchrun", *argv[1:]]
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)

@@ -32,6 +32,7 @@ def serve(ctl_fd: int, listen_fd: int, kind_json: str) -> None:
     ctl = socket.socket(fileno=ctl_fd)
     listener = socket.socket(fileno=listen_fd)
     processes.set_name("dtlabs-warm")
+    gc.disable()  # a fork server: no collection over what it imports (a fifth of torch's import); children turn it on
     # what a cold kernel would find for libgomp's and MKL's thread counts: never initialised here (no parallel op)
     failed = []
     for name in kind.preload:
@@ -215,6 +216,7 @@ def _show(kind: str, blob: bytes) -> None:
 def _become(kind: Kind, request: dict, fds, server: int, close_fds, ready_w: int) -> None:
     """In the forked child: become the process a cold start would have made, then tell the server (``ready_w``)."""
     processes.die_with_parent(server)
+    gc.enable()  # the server runs without the collector; a kernel or a run does not
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
