@@ -263,18 +263,22 @@ def test_reaping_catches_workers_started_while_it_ran(reaper):
         assert agent.poll() is not None and processes_of(run_id) == [], "a worker outlived the reaping"
 
 
-def test_a_written_script_exits_without_interpreter_teardown(tmp_path):
-    """write_script ends main with a flushed hard exit (torch's threads can abort teardown, which torchrun counts as
+def test_a_written_script_imports_without_the_collector_and_exits_without_interpreter_teardown(tmp_path):
+    """write_script runs the header's imports with the cyclic collector off (a __future__ import stays first) and main
+    with it on, and ends main with a flushed hard exit (torch's threads can abort teardown, which torchrun counts as
     a failed worker); output still arrives and an exception in main still fails the script."""
     from lab_utils.labkit.torchrun import write_script
 
     def greet(name):
         print("hello", name)
 
-    ok = write_script(tmp_path / "ok.py", greet, main="greet(sys.argv[1])", header="import sys")
+    header = "from __future__ import annotations\nimport gc\nimport sys\nprint('collecting', gc.isenabled())"
+    ok = write_script(tmp_path / "ok.py", greet, main="greet(sys.argv[1]); print('collecting', gc.isenabled())",
+                      header=header)
     assert "_os._exit(0)" in open(ok).read()
     run = subprocess.run([sys.executable, ok, "ranks"], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and run.stdout == "hello ranks\n", run
+    # the header imports with the collector off (torch's import: a third of its CPU), main runs with it on
+    assert run.returncode == 0 and run.stdout == "collecting False\nhello ranks\ncollecting True\n", run
     bad = write_script(tmp_path / "bad.py", greet, main="greet(undefined_name)", header="import sys")
     run = subprocess.run([sys.executable, bad], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "NameError" in run.stderr, run

@@ -110,16 +110,28 @@ _HARD_EXIT = """import os as _os, sys as _sys  # written by lab_utils.labkit.tor
 _sys.stdout.flush()
 _sys.stderr.flush()
 _os._exit(0)"""
+_COLLECTOR_OFF = """import gc as _gc  # written by lab_utils.labkit.torchrun.write_script: see its docstring
+_gc.disable()"""
+_COLLECTOR_ON = """_gc.freeze()
+_gc.enable()"""
 
 
 def write_script(path, *functions, main: str, header: str = "") -> str:
     """Write notebook-defined functions into a script torchrun can run: ``header``, each function's source,
     then ``main`` under ``if __name__ == "__main__":``, then a hard exit once ``main`` returned. Returns the path.
 
-    The hard exit (``os._exit(0)`` after flushing) skips interpreter teardown: under load, torch's C++ threads
-    sometimes abort it even after ``destroy_process_group`` (SIGABRT, "terminate called without an active
-    exception"), and torchrun counts that finished worker as failed. An exception in ``main`` still exits 1."""
-    parts = [textwrap.dedent(header).strip() + "\n"] if header.strip() else []
+    The header's imports (torch's) run with Python's cyclic collector off, and what they made is then frozen
+    (``processes.collector_off_while_importing``: a third of ``import torch``'s CPU in every worker torchrun starts
+    and restarts); the functions and ``main`` run with it on. The hard exit (``os._exit(0)`` after flushing) skips
+    interpreter teardown: under load, torch's C++ threads sometimes abort it even after ``destroy_process_group``
+    (SIGABRT, "terminate called without an active exception"), and torchrun counts that finished worker as failed. An
+    exception in ``main`` still exits 1."""
+    parts = []
+    if header.strip():
+        lines = textwrap.dedent(header).strip().splitlines()
+        future = [line for line in lines if line.startswith("from __future__")]  # must stay the file's first
+        rest = [line for line in lines if not line.startswith("from __future__")]
+        parts.append("\n".join([*future, _COLLECTOR_OFF, *rest, _COLLECTOR_ON]) + "\n")
     for fn in functions:
         parts.append(textwrap.dedent(inspect.getsource(fn)).rstrip() + "\n")
     parts.append('if __name__ == "__main__":\n' + textwrap.indent(textwrap.dedent(main).strip() + "\n" + _HARD_EXIT,
