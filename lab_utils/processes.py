@@ -93,9 +93,9 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, watch_s: fl
 @contextlib.contextmanager
 def collector_off_while_importing():
     """Heavy imports (torch) with the cyclic collector off, their objects then frozen (``gc.freeze``): importing torch
-    set off collection after collection over objects that live as long as the process, a fifth of the import's CPU,
-    and every later full collection would walk them again. (A fork server keeps the collector off for good instead,
-    as Python's gc docs advise, and turns it on in each child.)"""
+    set off collection after collection over objects that live as long as the process, 30 % of the import's CPU
+    (benchmarks/bench_import_gc.py), and every later full collection would walk them again. (A fork server keeps the
+    collector off for good instead, as Python's gc docs advise, and turns it on in each child.)"""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -381,4 +381,3 @@ def reap_token(token: str, var: str, grace_s: float = 0.0) -> list[str]:
         killed += kill_procs(procs)
         procs = with_token(token, var)
     return killed
-

@@ -23,16 +23,17 @@ def owned_tempdir(prefix: str, tag: str = "", dir: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"{prefix}{_pid_namespace()}-{os.getpid()}-{tag + '-' if tag else ''}", dir=dir)
 
 
-def remove_orphaned_tempdirs(prefix: str, parents=None) -> list[str]:
-    """Remove the ``owned_tempdir(PREFIX)`` folders in ``parents`` (default: the temp folder) whose owner is gone,
-    and no other: not a live owner's, not one of another pid namespace's (another container sharing the folder).
-    Returns what was removed."""
+def remove_orphaned_tempdirs(prefixes: str | tuple, parents=None) -> list[str]:
+    """Remove the ``owned_tempdir(PREFIX)`` folders, for each of ``prefixes``, in ``parents`` (default: the temp
+    folder) whose owner is gone, and no other: not a live owner's, not one of another pid namespace's (another
+    container sharing the folder). Each parent is listed once. Returns what was removed."""
     import shutil
     import tempfile
 
     import psutil
 
-    mine = f"{prefix}{_pid_namespace()}-"
+    ns = _pid_namespace()
+    mine = tuple(f"{prefix}{ns}-" for prefix in ((prefixes,) if isinstance(prefixes, str) else prefixes))
     removed = []
     for parent in dict.fromkeys(parents or [tempfile.gettempdir()]):
         try:
@@ -40,12 +41,12 @@ def remove_orphaned_tempdirs(prefix: str, parents=None) -> list[str]:
         except OSError:
             continue
         for name in names:
-            pid = name[len(mine):].split("-", 1)[0]
-            if not name.startswith(mine) or not pid.isdigit() or psutil.pid_exists(int(pid)):
+            start = next((m for m in mine if name.startswith(m)), None)
+            pid = name[len(start):].split("-", 1)[0] if start else ""
+            if not pid.isdigit() or psutil.pid_exists(int(pid)):
                 continue
             path = os.path.join(parent, name)
             shutil.rmtree(path, ignore_errors=True)
             if not os.path.exists(path):
                 removed.append(path)
     return removed
-

@@ -19,4 +19,4 @@ def make(prefix: str, tag: str = "", dir: str | None = None) -> str:
 def remove_orphans(parent: str | None = None) -> list[str]:
     """Remove the scratch folders, in ``parent`` (default: the temp folder), of gradings of this pid namespace that
     are no longer running; returns what was removed."""
-    return [path for prefix in PREFIXES for path in tempdirs.remove_orphaned_tempdirs(prefix, [parent] if parent else None)]
+    return tempdirs.remove_orphaned_tempdirs(PREFIXES, [parent] if parent else None)

@@ -196,7 +196,7 @@ atexit.register(shutdown)
 # ------------------------------------------------------------------------------------- the zygote's side
 def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     """The zygote's life: import torch, then warm up while serving forks until the launcher goes."""
-    gc.disable()  # a fork server: no collection over what it imports (a fifth of torch's import); ranks turn it on
+    gc.disable()  # a fork server: no collection over what it imports (30 % of torch's import); ranks turn it on
     import psutil  # noqa: F401 - before the SIGTERM handler can run: it kills with psutil, mid-import would fail
     processes.set_name("dtlabs-zygote")
     # Every process under us stays ours: orphaned rank children (own-session ones included) re-parent to the

@@ -121,7 +121,7 @@ def write_script(path, *functions, main: str, header: str = "") -> str:
     then ``main`` under ``if __name__ == "__main__":``, then a hard exit once ``main`` returned. Returns the path.
 
     The header's imports (torch's) run with Python's cyclic collector off, and what they made is then frozen
-    (``processes.collector_off_while_importing``: a third of ``import torch``'s CPU in every worker torchrun starts
+    (``processes.collector_off_while_importing``: 30 % of ``import torch``'s CPU in every worker torchrun starts
     and restarts); the functions and ``main`` run with it on. The hard exit (``os._exit(0)`` after flushing) skips
     interpreter teardown: under load, torch's C++ threads sometimes abort it even after ``destroy_process_group``
     (SIGABRT, "terminate called without an active exception"), and torchrun counts that finished worker as failed. An

@@ -32,7 +32,7 @@ def serve(ctl_fd: int, listen_fd: int, kind_json: str) -> None:
     ctl = socket.socket(fileno=ctl_fd)
     listener = socket.socket(fileno=listen_fd)
     processes.set_name("dtlabs-warm")
-    gc.disable()  # a fork server: no collection over what it imports (a fifth of torch's import); children turn it on
+    gc.disable()  # a fork server: no collection over what it imports (30 % of torch's import); children turn it on
     # what a cold kernel would find for libgomp's and MKL's thread counts: never initialised here (no parallel op)
     failed = []
     for name in kind.preload:
