@@ -1,27 +1,43 @@
-"""CS336 assignment 2's attention tests (stanford-cs336/assignment2-systems/tests/test_attention.py) against Lab 11's
-solution: their ``assignment2-systems/tests/adapters.py`` for the two FlashAttention functions, nothing else.
-``run.sh`` copies their test file beside this one and runs it: on a CPU under Triton's interpreter, on a GPU
-compiled."""
+"""CS336 assignment 2's adapters (their ``assignment2-systems/tests/adapters.py``), answered by the course: the two
+FlashAttention functions by Lab 11's solution, the three FSDP functions by Lab 03's, nothing else. ``run.sh`` puts
+this file in place of theirs and runs their attention and FSDP tests (tests/labs/test_cs336.py runs it): the
+attention on a CPU under Triton's interpreter or compiled on a GPU, the FSDP on 2 gloo ranks."""
 from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from pathlib import Path
 
-# The lab's code: its parameters and setup (which choose the kernel mode), the PyTorch tiling and the answers.
-CELLS = ("parameters", "setup", "flash-torch", "flash_attention_forward", "flash_attention_backward", "FlashAttention")
+# Lab 11's code: its parameters and setup (which choose the kernel mode), the PyTorch tiling and the answers.
+ATTENTION_CELLS = ("parameters", "setup", "flash-torch", "flash_attention_forward", "flash_attention_backward",
+                   "FlashAttention")
+# Lab 03's: its parameters, the FSDP helpers and the class (the setup cell's imports are the preamble; the rest of
+# that cell starts the lab's rank server, which CS336's own processes do not need).
+FSDP_CELLS = ("parameters", "fsdp_scratch_helpers", "FSDP")
+FSDP_PREAMBLE = "import math\n\nimport torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n"
 
 
-@functools.cache
-def _lab():
+def _solution(lab: str, cells, preamble: str = ""):
+    """The solution's ``cells`` as a module, written beside this file (one per process: their FSDP test spawns
+    ranks that each import it)."""
     import nbformat
 
     from lab_utils.grading.quality.build import solution_module
 
-    source = Path(os.environ["DTLABS_COURSE"]) / "solutions" / "11_gpu_kernels" / "11_gpu_kernels.ipynb"
-    path = Path(tempfile.mkdtemp(prefix="lab11-cs336-")) / "lab11_solution.py"
-    return solution_module(nbformat.read(str(source), as_version=4), CELLS, path, "lab11_solution")
+    source = Path(os.environ["DTLABS_COURSE"]) / "solutions" / lab / f"{lab}.ipynb"
+    name = f"_{lab}_solution_{os.getpid()}"
+    return solution_module(nbformat.read(str(source), as_version=4), cells, Path(__file__).with_name(f"{name}.py"),
+                           name, preamble=preamble)
+
+
+@functools.cache
+def _lab():
+    return _solution("11_gpu_kernels", ATTENTION_CELLS)
+
+
+@functools.cache
+def _lab03():
+    return _solution("03_fsdp_zero", FSDP_CELLS, FSDP_PREAMBLE)
 
 
 def get_flashattention_autograd_function_pytorch() -> type:
@@ -42,3 +58,17 @@ def get_flashattention_autograd_function_pytorch() -> type:
 def get_flashattention_autograd_function_triton() -> type:
     """The lab's FlashAttention: the Triton forward (``flash_attention_forward``), the PyTorch backward."""
     return _lab().FlashAttention
+
+
+def get_fsdp(module, compute_dtype=None):
+    """Lab 03's ``FSDP``: each Linear and Embedding sharded flat, the rest replicated; ``compute_dtype`` for the
+    gathered weights, fp32 master weights and gradients."""
+    return _lab03().FSDP(module, compute_dtype=compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model, optimizer) -> None:
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model) -> dict:
+    return fsdp_model.gather_full_params()

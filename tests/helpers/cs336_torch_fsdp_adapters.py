@@ -1,5 +1,5 @@
 """CS336 assignment 2's FSDP adapters answered by torch's own FSDP2 (``fully_shard``): the independent reference
-tests/labs/test_cs336_fsdp.py holds Lab 03's FSDP to where CS336's fp32 test asks for more than any FSDP can give.
+tests/labs/test_cs336.py holds Lab 03's FSDP to where CS336's fp32 test asks for more than any FSDP can give.
 
 Each ``Linear`` and ``Embedding`` is its own FSDP unit and the root holds the rest (the norms), as CS336 asks;
 with a ``compute_dtype`` the parameters are gathered and used in it and the gradients reduced in fp32. Only their

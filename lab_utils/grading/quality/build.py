@@ -48,10 +48,11 @@ def submit(course_root: Path | str, student: str, lab: str, nb) -> Path:
     return dest
 
 
-def solution_module(source_nb, grade_ids, path: Path | str, name: str):
-    """The cells ``grade_ids`` of a solutions/ notebook, markers and IPython magics removed, written to ``path`` and
-    imported as module ``name``: the solution outside a notebook, for code that reads its own source from a file
-    (Triton's kernels). Lab 11's GPU tests and its CS336 adapter (grader/cs336/) run it so."""
+def solution_module(source_nb, grade_ids, path: Path | str, name: str, preamble: str = ""):
+    """The cells ``grade_ids`` of a solutions/ notebook, markers and IPython magics removed, after ``preamble`` (the
+    imports of a setup cell left out), written to ``path`` and imported as module ``name``: the solution outside a
+    notebook, for code that reads its own source from a file (Triton's kernels). Lab 11's GPU tests and the CS336
+    adapters (grader/cs336/) run it so."""
     import importlib.util
     import sys
 
@@ -60,7 +61,7 @@ def solution_module(source_nb, grade_ids, path: Path | str, name: str):
     if missing:
         raise KeyError(f"the notebook has no cells {missing}")
     lines = (line for g in grade_ids for line in (strip_solution_markers(cells[g]) + "\n\n").split("\n"))
-    Path(path).write_text("\n".join(line for line in lines if not line.lstrip().startswith("%")))
+    Path(path).write_text(preamble + "\n".join(line for line in lines if not line.lstrip().startswith("%")))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -1,14 +1,12 @@
-"""Stanford CS336 (2026) assignment 2's public FSDP tests, run against Lab 03's FSDP through tests/helpers/cs336_adapters.py.
+"""Stanford CS336 (2026) assignment 2's public attention and FSDP tests, run by grader/cs336/run.sh against the
+course's solutions: FlashAttention-2 from Lab 11 (on a CPU under Triton's interpreter), FSDP from Lab 03 (2 gloo ranks).
 
 Their tests are not vendored: point ``CS336_TESTS`` at a checkout of stanford-cs336/assignment2-systems (its
-``tests/`` and ``cs336-basics/``). Their model needs einops, einx and jaxtyping: installed in this venv, or in a
-folder named by ``CS336_PYTHONPATH`` (``pip install --target DIR einops einx jaxtyping``). Without either, the
+``tests/`` and ``cs336-basics/``). Their FSDP model needs einops, einx and jaxtyping: installed in this venv, or in
+a folder named by ``CS336_PYTHONPATH`` (``pip install --target DIR einops einx jaxtyping``). Without either, the
 tests skip and say which is missing.
 
-    CS336_TESTS=~/assignment2-systems .venv/bin/python -m pytest tests/labs/test_cs336_fsdp.py
-
-Their ``tests/`` is copied to a temporary folder with its ``adapters.py`` replaced by a shim that loads ours, and
-run there in one pytest process (each test spawns 2 gloo ranks with ``torch.multiprocessing``).
+    CS336_TESTS=~/assignment2-systems .venv/bin/python -m pytest tests/labs/test_cs336.py
 
 ``test_fsdp_correctness[fp32]`` compares with ``torch.equal`` against one process that runs one backward on the
 union of the two ranks' batches. Any correct FSDP on 2 ranks computes the mean gradient as (g0 + g1) / 2, with g0
@@ -26,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -34,21 +31,14 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1] / "helpers"
-CASES = ["test_fsdp_correctness[fp32]", "test_fsdp_correctness[fp16]", "test_fsdp_gradient_sync[fp32]",
-         "test_fsdp_gradient_sync[fp16]"]
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "grader" / "cs336" / "run.sh"
+REFERENCE = Path(__file__).resolve().parents[1] / "helpers" / "cs336_torch_fsdp_adapters.py"
 FP32 = "test_fsdp_correctness[fp32]"
-SHIM = '''"""Written by dtlabs' tests/labs/test_cs336_fsdp.py: CS336's FSDP adapters, answered by Lab 03's FSDP."""
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location("dtlabs_cs336_adapters", os.environ["DTLABS_CS336_ADAPTERS"])
-_adapters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_adapters)
-get_fsdp = _adapters.get_fsdp
-fsdp_on_after_backward = _adapters.fsdp_on_after_backward
-fsdp_gather_full_params = _adapters.fsdp_gather_full_params
-'''
+CASES = ["test_flash_forward_pass_pytorch", "test_flash_forward_pass_triton[False]",
+         "test_flash_forward_pass_triton[True]", "test_flash_backward_pytorch", "test_flash_backward_triton[False]",
+         "test_flash_backward_triton[True]", FP32, "test_fsdp_correctness[fp16]", "test_fsdp_gradient_sync[fp32]",
+         "test_fsdp_gradient_sync[fp16]"]
 
 
 def _missing() -> str | None:
@@ -56,54 +46,44 @@ def _missing() -> str | None:
     if not root:
         return ("set CS336_TESTS to a checkout of stanford-cs336/assignment2-systems (their tests are not vendored "
                 "here)")
-    if not (Path(root) / "tests" / "test_fsdp.py").is_file() or not (Path(root) / "cs336-basics").is_dir():
-        return f"CS336_TESTS={root} has no tests/test_fsdp.py or cs336-basics/"
-    extra = os.environ.get("CS336_PYTHONPATH", "")
     probe = subprocess.run([sys.executable, "-c", "import einops, einx, jaxtyping"], capture_output=True,
-                           env={**os.environ, "PYTHONPATH": extra})
+                           env={**os.environ, "PYTHONPATH": os.environ.get("CS336_PYTHONPATH", "")})
     if probe.returncode:
         return ("cs336_basics needs einops, einx and jaxtyping: install them in this venv or in a folder named by "
                 "CS336_PYTHONPATH")
     return None
 
 
-def _run_theirs(work: Path, adapters: str, select: str | None = None) -> dict:
-    """Their tests/test_fsdp.py (only ``select`` where given), run once with ``adapters`` behind their adapters.py:
-    {test name: (outcome, message)}."""
-    root = Path(os.environ["CS336_TESTS"])
-    shutil.copytree(root / "tests", work / "tests")
-    (work / "tests" / "adapters.py").write_text(SHIM)
-    report = work / "report.xml"
-    path = [str(work), str(root / "cs336-basics"), os.environ.get("CS336_PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p),
-           "DTLABS_CS336_ADAPTERS": str(HERE / adapters)}
-    target = str(work / "tests" / "test_fsdp.py") + (f"::{select}" if select else "")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(work),
-                           f"--junitxml={report}", target], cwd=work, env=env, capture_output=True, text=True,
+def _run(tmp: Path, **env) -> dict:
+    """grader/cs336/run.sh, once: {test name: (outcome, message)}."""
+    report = tmp / "report.xml"
+    proc = subprocess.run(["bash", str(RUN), os.environ["CS336_TESTS"], f"--junitxml={report}"],
+                          env={**os.environ, "PYTHON": sys.executable, **env}, capture_output=True, text=True,
                           timeout=900)
     if not report.exists():
-        pytest.fail(f"their pytest wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        pytest.fail(f"run.sh wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     results = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         failure = case.find("failure") if case.find("failure") is not None else case.find("error")
         results[case.get("name")] = ("failed", failure.get("message", "") + (failure.text or "")) \
-            if failure is not None else ("passed", "")
+            if failure is not None else ("skipped", "") if case.find("skipped") is not None else ("passed", "")
     return results
 
 
 @pytest.fixture(scope="module")
 def cs336_run(tmp_path_factory):
-    """Their tests against Lab 03's FSDP."""
+    """Their tests against the course's solutions."""
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    return _run_theirs(tmp_path_factory.mktemp("cs336"), "cs336_adapters.py")
+    return _run(tmp_path_factory.mktemp("cs336"))
 
 
 @pytest.fixture(scope="module")
 def torch_fsdp_fp32(tmp_path_factory):
     """Their fp32 correctness test against torch's own FSDP2: (outcome, message)."""
-    got = _run_theirs(tmp_path_factory.mktemp("cs336-torch"), "cs336_torch_fsdp_adapters.py", FP32)
+    got = _run(tmp_path_factory.mktemp("cs336-torch"), CS336_ADAPTERS=str(REFERENCE),
+               CS336_SELECT=f"tests/test_fsdp.py::{FP32}")
     return got.get(FP32, ("missing", "not in their report"))
 
 
@@ -116,7 +96,7 @@ def _mismatch(message: str) -> str | None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("case", CASES)
-def test_cs336_fsdp(case, cs336_run, request):
+def test_cs336(case, cs336_run, request):
     outcome, message = cs336_run.get(case, ("missing", "not in their report"))
     if outcome == "passed":
         return
@@ -131,12 +111,16 @@ def test_cs336_fsdp(case, cs336_run, request):
     pytest.fail(f"CS336's {case} {outcome}:\n{message[-4000:]}")
 
 
-def test_adapter_finds_lab03_fsdp():
-    """Without their tests: the adapter still finds the cells it runs (a renamed grade_id would break it silently)."""
-    sys.path.insert(0, str(HERE))
-    try:
-        import cs336_adapters
-    finally:
-        sys.path.remove(str(HERE))
-    for name in ("forward", "finish_gradient_synchronization", "gather_full_params"):
-        assert callable(getattr(cs336_adapters.FSDP, name, None)), f"Lab 03's FSDP has no {name}"
+def test_the_adapter_finds_the_cells_it_runs():
+    """Without their tests: every cell the adapter reads is in its lab (a renamed grade_id would break it silently)."""
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("dtlabs_cs336_adapters", RUN.parent / "adapters.py")
+    adapters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(adapters)
+    for lab, cells in (("11_gpu_kernels", adapters.ATTENTION_CELLS), ("03_fsdp_zero", adapters.FSDP_CELLS)):
+        nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+        ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+        assert not set(cells) - ids, f"{lab} has no cells {sorted(set(cells) - ids)}"
