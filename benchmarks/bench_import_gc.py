@@ -9,7 +9,7 @@ the medians of the process's CPU-seconds and the ratio off / on.
 
 - ``torch``: ``import torch`` (a grading subject's zygote; the fresh zygote of a student's kernel);
 - ``agent``: what a torchrun agent imports before torchrun's main runs (``torch.distributed.launcher.api``);
-- ``warm``: a warm server's preload (``lab_utils.grading.split.warm.PRELOAD``: ipykernel, torch, numpy, ...).
+- ``warm``: a warm server's preload (``lab_utils.warm.PRELOAD``: ipykernel, torch, numpy, ...).
 
     .venv/bin/python benchmarks/bench_import_gc.py [--case torch agent warm] [--rounds 5]
 """
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = {
     "torch": "import torch",
     "agent": "import torch.distributed.launcher.api",
-    "warm": "import importlib\nfrom lab_utils.grading.split.warm import PRELOAD\nfor n in PRELOAD:\n"
+    "warm": "import importlib\nfrom lab_utils.warm import PRELOAD\nfor n in PRELOAD:\n"
             "    importlib.import_module(n)",
 }
 OFF = "from lab_utils import processes\nwith processes.collector_off_while_importing():\n"

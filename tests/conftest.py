@@ -27,7 +27,7 @@ if _OWN_CACHE:
 share_cores(os.environ)
 # Grader kernels of every test, in this process or in a `dtlabs` it runs, fork from one warm server (an empty
 # update where c.DTLabs.warm_kernels is off or no server can run: the kernels then start cold and say why).
-from lab_utils.grading.split.warm import shared_env  # noqa: E402
+from lab_utils.warm import shared_env  # noqa: E402
 
 os.environ.update(shared_env(dict(os.environ)))
 

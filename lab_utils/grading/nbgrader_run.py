@@ -15,7 +15,7 @@ token are never touched. Submissions' own processes live in their sandbox and di
 Runs start warm (``c.DTLabs.warm_nbgrader``): nbgrader's imports (nbconvert, SQLAlchemy, traitlets) are a large
 share of what a small submission costs, so each grading process keeps one server that imports them once,
 in a clean folder with nothing prepended to ``sys.path``, and forks every run from that state (the fork server of
-``lab_utils.grading.split.warm``, which grader kernels start from too). The child takes the run's environment,
+``lab_utils.warm``, which grader kernels start from too). The child takes the run's environment,
 folder, arguments and output pipe, and calls nbgrader's own entry point as ``python -m nbgrader`` would there; the
 server runs nothing else, so no run sees another's state. Where the server cannot start, a run starts cold.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 from lab_utils import processes
 from lab_utils.grading.course import CONFIG, WORK, find_course_root
 from lab_utils.grading import scratch as grading_scratch
-from lab_utils.grading.split import warm
+from lab_utils import warm
 
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parent / "default_config"
 
@@ -187,7 +187,7 @@ def run_nbgrader(args, *, course_root=None, settings=None, timeout=None, echo=Fa
     env["TMPDIR"] = run_tmp
     dt = settings if settings is not None else dtlabs.load()  # load: the environment's
     if dt.warm_kernels and args and str(args[0]) in ("autograde", "validate"):  # kernels fork from our server
-        from lab_utils.grading.split.warm import shared_env
+        from lab_utils.warm import shared_env
 
         env.update(shared_env(env))
     cmd = [sys.executable, "-m", "nbgrader", *map(str, args), *flags]
@@ -241,7 +241,7 @@ def stop_warm_server() -> None:
 
 
 def _warm_run(args, env: dict, cwd: str, enabled: bool) -> warm.WarmChild | None:
-    """``nbgrader ARGS`` forked by this process's warm server (``lab_utils.grading.split.warm``, started on first
+    """``nbgrader ARGS`` forked by this process's warm server (``lab_utils.warm``, started on first
     use), or None: warm start is off (``enabled``: ``c.DTLabs.warm_nbgrader``), or the server cannot run (the caller
     then starts nbgrader cold). The run leads its own session, so ``killpg(pid)`` stops it and what it started, as
     with ``start_new_session=True``."""

@@ -30,7 +30,7 @@ def prestart_kernel(settings=None) -> None:
     leave warm kernels on: it imports torch while the caller imports nbgrader. A course that turns them off leaves
     the server unused; it ends with this process."""
     from lab_utils import settings as dtlabs_settings
-    from lab_utils.grading.split import warm
+    from lab_utils import warm
 
     if (settings if settings is not None else dtlabs_settings.load()).warm_kernels:
         warm.prestart(warm.KERNEL, dict(os.environ))

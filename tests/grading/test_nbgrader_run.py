@@ -148,7 +148,7 @@ def test_a_run_dies_with_a_server_killed_before_it_reported_the_run(probe_course
     so the forked one must not go on grading beside it."""
     import socket
 
-    from lab_utils.grading.split import warm
+    from lab_utils import warm
 
     env = {**nbgrader_run.nbgrader_env(probe_course), "DTLABS_PROBE": "hang"}
     server = warm.Server(nbgrader_run.NBGRADER, env)

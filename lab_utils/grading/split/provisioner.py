@@ -1,7 +1,7 @@
 """The kernel provisioner of the course's notebook executors: grader kernels forked warm, else started cold, saying why.
 
 ``WarmKernelProvisioner`` is jupyter_client's ``LocalProvisioner`` with one change: ``launch_kernel`` asks a warm
-server (``lab_utils.grading.split.warm``) to fork the kernel instead of running ``python -m ipykernel_launcher``.
+server (``lab_utils.warm``) to fork the kernel instead of running ``python -m ipykernel_launcher``.
 Everything else (interrupts and kills sent to the kernel's process group, restarts, waiting, the connection file)
 is ``LocalProvisioner``'s, on a process object that behaves as its ``Popen``. It is registered as the entry point
 ``dtlabs-warm`` (group ``jupyter_client.kernel_provisioners``) and chosen only by
@@ -21,7 +21,7 @@ from typing import Any
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 
-from lab_utils.grading.split import warm
+from lab_utils import warm
 
 NAME = "dtlabs-warm"
 _SAID: set = set()

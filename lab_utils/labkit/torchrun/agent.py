@@ -11,6 +11,7 @@ import time
 
 from lab_utils import processes
 from lab_utils.labkit.torchrun.nodes import AGENT_STORE, EXITED_KEY
+from lab_utils.labkit.torchrun.warmworkers import fork_workers_in_this_agent
 
 HOST_WAIT_S = 60.0  # how long a static run's node 0 waits for the other agents to exit
 
@@ -22,6 +23,7 @@ def _agent_main(argv):
 
     with processes.collector_off_while_importing():
         import torch.distributed.launcher.api  # noqa: F401 - what torchrun's main imports (not itself: runpy runs it)
+    fork_workers_in_this_agent()
     sys.argv = ["torchrun", *argv[1:]]
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)

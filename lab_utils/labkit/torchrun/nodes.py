@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from lab_utils import processes, tempdirs
+from lab_utils.labkit.torchrun import warmworkers
 from lab_utils.labkit.torchrun.reaping import MARKER, kill_node, port_owners, reap, remember_children
 
 LOG_PREFIX = "dtlabs-torchrun-"
@@ -175,6 +176,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
     run_id = uuid.uuid4().hex[:12]
     max_nodes = max_nodes or nnodes
     agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env)
+    agent_env.update(warmworkers.shared_env(agent_env))
     queued: queue.Queue = queue.Queue()
     procs, seen, lines, commands = [], [], [], []
     fired, left = [], set()  # (seconds, marker, action, node) of each event; nodes that left on purpose

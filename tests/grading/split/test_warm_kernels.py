@@ -1,4 +1,4 @@
-"""Grader kernels forked from a warm server (lab_utils.grading.split.warm, .provisioner) keep a kernel's lifecycle:
+"""Grader kernels forked from a warm server (lab_utils.warm, .provisioner) keep a kernel's lifecycle:
 an interrupt, a restart, a kill, the death of the process that started it and the token grading reaps by all mean
 what they mean for a cold kernel; where no warm start is possible the kernel starts cold and says why."""
 from __future__ import annotations
@@ -195,7 +195,7 @@ def test_a_kernel_starts_cold_and_says_why_where_warm_start_is_off_or_impossible
 
 SAME_USER_OTHER_GROUP = """
 import os, sys
-from lab_utils.grading.split import warm
+from lab_utils import warm
 print(os.getgid(), warm.fork(warm.KERNEL, ["--version"], dict(os.environ), "/").wait(60), flush=True)
 """
 OTHER_USER = """
@@ -318,7 +318,7 @@ def test_an_autograde_forks_its_grader_kernel_from_the_grading_process_server(sy
 def test_the_openblas_a_kernel_sets_threads_of_is_found_under_a_path_with_spaces():
     """A course under a folder with a space: the mapped library's path is the rest of the maps line, not its last
     word (a kernel forked in "/tmp/ci x/..." failed to set itself up)."""
-    from lab_utils.grading.split.warm.forked import mapped_files
+    from lab_utils.warm.forked import mapped_files
 
     lines = ["7f00-7f10 r-xp 00000000 08:01 123   /tmp/my course/.venv/numpy.libs/libscipy_openblas64_-32a.so\n",
              "7f10-7f20 r--p 00000000 08:01 124   /usr/lib/libc.so.6\n", "7f20-7f30 rw-p 00000000 00:00 0\n"]

@@ -1,6 +1,7 @@
 """Warm starts: a server that has imported what a process needs once, and forks that process on request.
 
-Two kinds (``Kind``): grader kernels (``KERNEL``, below) and nbgrader runs (``lab_utils.grading.nbgrader_run``).
+Three kinds (``Kind``): grader kernels (``KERNEL``, below), nbgrader runs (``lab_utils.grading.nbgrader_run``) and the
+workers torchrun agents start (``lab_utils.labkit.torchrun.warmworkers``).
 
 A fresh ``python -m ipykernel_launcher`` pays 0.4-2 CPU-s before it answers (IPython, ipykernel, zmq, then torch and
 numpy in the course's first cell); ``dtlabs validate``, every grading and the test suite start hundreds. The server
@@ -46,12 +47,12 @@ ADDRESS_VAR = "DTLABS_WARM_KERNEL_SERVER"  # a server's address and key, for the
 
 @dataclass(frozen=True)
 class Kind:
-    """What a server forks: ``python -m MODULE ARGV`` run as ``run(request)`` (``"module:function"``; its return is
-    exit status 0, a SystemExit its code) in the forked child, after the server imported ``preload`` and called
-    ``prepare``."""
+    """What a server forks: ``python -m MODULE ARGV`` (``python ARGV`` where ``module`` is None) run as
+    ``run(request)`` (``"module:function"``; its return is exit status 0, a SystemExit its code) in the forked child,
+    after the server imported ``preload`` and called ``prepare``."""
 
     name: str
-    module: str
+    module: str | None
     preload: tuple
     run: str
     prepare: str | None = None
@@ -90,7 +91,7 @@ def import_key(env: dict, executable: str = sys.executable) -> str:
     return json.dumps([os.path.abspath(executable), sorted(items.items())])
 
 
-KERNEL = Kind("kernel", "ipykernel_launcher", PRELOAD, "lab_utils.grading.split.warm.forked:run_kernel",
+KERNEL = Kind("kernel", "ipykernel_launcher", PRELOAD, "lab_utils.warm.forked:run_kernel",
               address_var=ADDRESS_VAR)
 
 
@@ -117,7 +118,7 @@ class Server:
         try:
             # -P -s: nothing before sys.path, no user site; a kernel's own path is set when it is forked (_become)
             self.proc = subprocess.Popen(
-                [executable, "-P", "-s", "-c", "import sys; from lab_utils.grading.split.warm.forked import serve; "
+                [executable, "-P", "-s", "-c", "import sys; from lab_utils.warm.forked import serve; "
                  "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])", *map(str, fds),
                  json.dumps(dataclasses.asdict(kind)), "#" * ARG_ROOM],
                 pass_fds=fds, cwd="/", env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -278,9 +279,11 @@ def stop_servers(kind: Kind) -> None:
         s.stop()
 
 
-def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2), executable: str = sys.executable) -> WarmChild:
+def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2), executable: str = sys.executable,
+         own: bool = True) -> WarmChild:
     """Fork ``EXECUTABLE -m MODULE ARGV`` of ``kind`` from a warm server running ``executable``: the one
-    ``kind.address_var`` names if it serves this environment, else this process's own. ``Refused`` says why not."""
+    ``kind.address_var`` names if it serves this environment, else (``own``) this process's own. ``Refused`` says
+    why not."""
     key = import_key(env, executable)
     addresses = []
     inherited = os.environ.get(kind.address_var) if kind.address_var else None
@@ -291,8 +294,9 @@ def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2), executable:
                 addresses.append(address)
         except (ValueError, TypeError):
             pass
-    addresses.append(None)
-    why = None
+    if own:
+        addresses.append(None)
+    why = Refused(f"no warm {kind.name} server serves this environment")
     for address in addresses:
         try:
             if address is None:

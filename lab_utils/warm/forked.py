@@ -1,4 +1,4 @@
-"""The warm server's side (``lab_utils.grading.split.warm``): import a ``Kind``'s preload, then fork a child per
+"""The warm server's side (``lab_utils.warm``): import a ``Kind``'s preload, then fork a child per
 request and make it the process a cold start would have made (``_become``), then run it (``run_kernel``, or the
 kind's own run)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import struct
 import sys
 
 from lab_utils import processes
-from lab_utils.grading.split.warm import FORK_TIMEOUT_S, Kind, _call, import_key
+from lab_utils.warm import FORK_TIMEOUT_S, Kind, _call, import_key
 
 
 def _threads() -> int:
@@ -244,7 +244,8 @@ def _become(kind: Kind, request: dict, fds, server: int, close_fds, ready_w: int
     os.environ.clear()
     os.environ.update(env)
     _show("env", _env_blob(env))
-    _show("arg", b"\0".join(a.encode() for a in [sys.executable, "-m", kind.module, *request["argv"]]))
+    command = [sys.executable, *(("-m", kind.module) if kind.module else ()), *request["argv"]]
+    _show("arg", b"\0".join(a.encode() for a in command))
     import tempfile
 
     tempfile.tempdir = None  # found again from the kernel's TMPDIR
