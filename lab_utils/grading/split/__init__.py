@@ -11,4 +11,5 @@
 | crossing | pure functions: a reply into an exception, objects pickled for the subject, a death's reason   |
 | subject  | the student's side: runs their cells in an IPython shell, answers only in plain data           |
 | kernels  | Jupyter kernels on private Unix sockets (no port race under load)                              |
+| provisioner | grader kernels forked from a warm server (``lab_utils.warm``) where one can run, else cold   |
 """

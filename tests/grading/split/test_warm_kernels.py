@@ -15,8 +15,9 @@ import time
 import psutil
 import pytest
 
+from lab_utils import warm
 from lab_utils.grading import processes_with_token
-from lab_utils.grading.split import provisioner, warm
+from lab_utils.grading.split import provisioner
 from lab_utils.grading.split.kernels import PrivateSocketKernelManager
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked kernels are Linux's")
