@@ -1,11 +1,11 @@
-"""What forking torchrun's workers from a warm server saves (``lab_utils.labkit.torchrun.warmworkers``,
-``c.DTLabs.warm_workers``): the same runs with the workers started cold and forked, in turn, in the same run.
+"""What forking torchrun's agents and workers from warm servers saves (``lab_utils.labkit.torchrun.warmstart``,
+``c.DTLabs.warm_torchrun``): the same runs with them started cold and forked, in turn, in the same run.
 
 Each round runs a fresh harness process that starts RUNS runs of 2 agents with 1 worker each (static rendezvous;
 each worker joins a gloo group, all-reduces once and exits), with warm workers off and on: the machine's busy
-CPU-seconds (``/proc/stat``: the server, the agents and the workers are not all children that a process could count,
+CPU-seconds (``/proc/stat``: the servers, the agents and the workers are not all children that a process could count,
 so run it on an idle machine) and the wall seconds, medians over ROUNDS, and the ratios on / off. The first run of
-each harness is not counted (it starts the server, which then imports torch while the agents start).
+each harness is not counted (it starts the servers, which import torch while it waits).
 
     .venv/bin/python benchmarks/bench_torchrun.py [--runs 5] [--rounds 3]
 """
@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 TARGET = 0.75  # warm / cold machine CPU-seconds, at most
@@ -47,9 +48,9 @@ def _busy() -> float:
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _round(runs: int, warm: bool) -> tuple[float, float]:
-    env = {**os.environ, "DTLABS_WARM_WORKERS": "1" if warm else "0"}
-    proc = subprocess.Popen([sys.executable, "-c", HARNESS, str(runs)], env=env, stdin=subprocess.PIPE,
+def _round(harness: str, runs: int, warm: bool) -> tuple[float, float]:
+    env = {**os.environ, "DTLABS_WARM_TORCHRUN": "1" if warm else "0"}
+    proc = subprocess.Popen([sys.executable, harness, str(runs)], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "READY", "the harness did not start"
     time.sleep(1.0)  # the first run's processes are gone
@@ -68,13 +69,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     got = {False: [], True: []}
-    for _ in range(args.rounds):
-        for warm in (False, True):
-            got[warm].append(_round(args.runs, warm))
+    with tempfile.TemporaryDirectory(prefix="dtlabs-bench-torchrun-") as folder:
+        harness = os.path.join(folder, "harness.py")  # a file: write_script reads the job's source from it
+        with open(harness, "w") as fh:
+            fh.write(HARNESS)
+        for _ in range(args.rounds):
+            for warm in (False, True):
+                got[warm].append(_round(harness, args.runs, warm))
     med = {w: (statistics.median(c for c, _ in r), statistics.median(s for _, s in r)) for w, r in got.items()}
     cpu_ratio, wall_ratio = med[True][0] / med[False][0], med[True][1] / med[False][1]
     for warm in (False, True):
-        print(f"workers {'forked warm' if warm else 'started cold'}: {args.runs} runs of 2 agents x 1 worker, "
+        print(f"agents and workers {'forked warm' if warm else 'started cold'}: {args.runs} runs of 2 agents x 1 worker, "
               f"{med[warm][0]:.1f} CPU-s, {med[warm][1]:.1f} s wall (medians of {args.rounds})")
     print(f"warm / cold: CPU {cpu_ratio:.2f} (target <= {TARGET}), wall {wall_ratio:.2f}; "
           f"load average now {os.getloadavg()[0]:.2f}")

@@ -108,11 +108,12 @@ class DTLabs(Configurable):
         True, help="Let the launcher's fork server import the distributed stack (DDP, FSDP, DTensor, profiler) while "
                    "idle, so later launches start warm. Off: less memory, slower first launches of that code."
     ).tag(config=True, env="DTLABS_WARM_IMPORTS")
-    warm_workers = Bool(
-        True, help="Fork the workers of torchrun agents started by lab_utils.labkit.torchrun (Labs 05 and 09) from a "
-                   "server in the notebook's process that has imported torch once (about a CPU-second saved per "
-                   "worker and restart). Off: every worker is a fresh `python -u SCRIPT`, as torchrun starts it."
-    ).tag(config=True, env="DTLABS_WARM_WORKERS")
+    warm_torchrun = Bool(
+        True, help="Fork the torchrun agents that lab_utils.labkit.torchrun starts (Labs 05 and 09), and their "
+                   "workers, from servers in the notebook's process that have imported torch once (about a "
+                   "CPU-second saved per agent, worker and restart). Off: every agent is a fresh interpreter, and "
+                   "every worker a fresh `python -u SCRIPT`, as torchrun starts it."
+    ).tag(config=True, env="DTLABS_WARM_TORCHRUN")
 
 
 def _from_env(trait, text: str):

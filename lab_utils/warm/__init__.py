@@ -1,7 +1,7 @@
 """Warm starts: a server that has imported what a process needs once, and forks that process on request.
 
-Three kinds (``Kind``): grader kernels (``KERNEL``, below), nbgrader runs (``lab_utils.grading.nbgrader_run``) and the
-workers torchrun agents start (``lab_utils.labkit.torchrun.warmworkers``).
+Four kinds (``Kind``): grader kernels (``KERNEL``, below), nbgrader runs (``lab_utils.grading.nbgrader_run``), and
+torchrun's agents and the workers they start (``lab_utils.labkit.torchrun.warmstart``).
 
 A fresh ``python -m ipykernel_launcher`` pays 0.4-2 CPU-s before it answers (IPython, ipykernel, zmq, then torch and
 numpy in the course's first cell); ``dtlabs validate``, every grading and the test suite start hundreds. The server

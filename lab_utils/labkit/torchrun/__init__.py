@@ -29,9 +29,9 @@ What this module adds around torchrun, and why:
   agent. The job decides *when* (a worker prints the marker at a chosen step and waits), so where a node leaves or
   joins is deterministic however loaded the machine is; each marker fires once. A node that left is expected to
   have exited non-zero: it neither fails the run nor stops the others.
-- Workers start warm: each agent has torchrun fork its ``python -u SCRIPT`` workers from a server in this process
-  that imported torch once (``warmworkers``; a CPU-second per worker and restart), and they are otherwise what a cold
-  start makes; c.DTLabs.warm_workers off starts them cold.
+- Agents and workers start warm: the agents fork from a server in this process that imported torch once, and each
+  has torchrun fork its ``python -u SCRIPT`` workers from another (``warmstart``; a CPU-second per agent, worker and
+  restart); they are otherwise what a cold start makes. c.DTLabs.warm_torchrun off starts them cold.
 - Ports: c10d's store listens on a port the OS hands out while it binds, so nobody can take it first. The static
   master port is picked free on 127.0.0.1; if another process takes it first, the whole run is retried on a new
   port. torch reports that (EADDRINUSE) only after a minute of retries, so the harness also looks, once a second
@@ -42,7 +42,7 @@ What this module adds around torchrun, and why:
 | nodes   | ``run_nodes``: the agents started, their output streamed, ports retried, events fired |
 | reaping | nothing survives: agents, workers and marked processes killed; the run's port watched |
 | agent   | what each agent process runs: torchrun's main, dying with the harness, node 0 staying |
-| warmworkers | the workers forked from a warm server in the harness's process instead of started cold |
+| warmstart | agents and workers forked from warm servers in the harness's process instead of started cold |
 """
 from __future__ import annotations
 

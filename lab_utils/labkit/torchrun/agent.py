@@ -11,14 +11,21 @@ import time
 
 from lab_utils import processes
 from lab_utils.labkit.torchrun.nodes import AGENT_STORE, EXITED_KEY
-from lab_utils.labkit.torchrun.warmworkers import fork_workers_in_this_agent
+from lab_utils.labkit.torchrun.warmstart import fork_workers_in_this_agent
 
 HOST_WAIT_S = 60.0  # how long a static run's node 0 waits for the other agents to exit
 
 
-def _agent_main(argv):
+def run_forked(request: dict) -> None:
+    """The agent forked by the harness's warm server (``warmstart.start_agent``): it already dies with the server,
+    which dies with the harness (``warm.forked._become``)."""
+    _agent_main(request["argv"], forked=True)
+
+
+def _agent_main(argv, forked: bool = False):
     """``PARENT_PID <torchrun args>``: torchrun that dies with its parent."""
-    processes.die_with_parent(int(argv[0]), signal.SIGTERM)  # torchrun stops its workers on SIGTERM
+    if not forked:
+        processes.die_with_parent(int(argv[0]), signal.SIGTERM)  # torchrun stops its workers on SIGTERM
     import runpy
 
     with processes.collector_off_while_importing():

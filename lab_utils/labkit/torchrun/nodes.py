@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from lab_utils import processes, tempdirs
-from lab_utils.labkit.torchrun import warmworkers
+from lab_utils.labkit.torchrun import warmstart
 from lab_utils.labkit.torchrun.reaping import MARKER, kill_node, port_owners, reap, remember_children
 
 LOG_PREFIX = "dtlabs-torchrun-"
@@ -176,7 +176,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
     run_id = uuid.uuid4().hex[:12]
     max_nodes = max_nodes or nnodes
     agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env)
-    agent_env.update(warmworkers.shared_env(agent_env))
+    agent_env.update(warmstart.shared_env(agent_env))
     queued: queue.Queue = queue.Queue()
     procs, seen, lines, commands = [], [], [], []
     fired, left = [], set()  # (seconds, marker, action, node) of each event; nodes that left on purpose
@@ -199,15 +199,21 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         node_env = agent_env
         if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
             node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
-        # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die
-        shim = [sys.executable, "-m", "lab_utils.labkit.torchrun.agent", str(os.getpid()),
-                f"--log-dir={os.path.join(logs, f'node{node}')}", *cmd[3:]]
-        proc = subprocess.Popen(shim, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=node_env, cwd=cwd, start_new_session=True)
+        # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die; forked
+        # from a warm server where one can run (warmstart), else a fresh interpreter
+        shim = [str(os.getpid()), f"--log-dir={os.path.join(logs, f'node{node}')}", *cmd[3:]]
+        forked = warmstart.start_agent(shim, node_env, cwd, agent_env)
+        if forked:
+            proc, out = forked
+            done = lambda n=node, fd=out: (os.close(fd), queued.put((n, None)))  # noqa: E731
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", "lab_utils.labkit.torchrun.agent", *shim],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    env=node_env, cwd=cwd, start_new_session=True)
+            out, done = proc.stdout.fileno(), lambda n=node: queued.put((n, None))
         procs.append(proc)
         commands.append(cmd)
-        processes.pump_lines(proc.stdout.fileno(), lambda text, n=node: queued.put((n, text)),
-                             lambda n=node: queued.put((n, None)))
+        processes.pump_lines(out, lambda text, n=node: queued.put((n, text)), done)
 
     # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
     # folder in /tmp and never removes it; this one goes when the run does (the finally below), or, where this

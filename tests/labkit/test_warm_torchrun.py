@@ -1,8 +1,9 @@
-"""torchrun's workers forked from the harness's warm server (lab_utils.labkit.torchrun.warmworkers): a forked worker
-sees what a cold ``python -u SCRIPT`` sees, torchrun still restarts and stops it, and nothing outlives the run.
+"""torchrun's agents and workers forked from the harness's warm servers (lab_utils.labkit.torchrun.warmstart): a
+forked worker sees what a cold ``python -u SCRIPT`` sees, torchrun still restarts and stops it, and nothing outlives
+the run.
 
-Each check runs the same script both ways in one test and compares what the workers report, so a difference between
-a forked and a cold worker (its path, argv, environment, streams, session, collector) fails by name.
+The first test runs the same script both ways and compares what the workers report, so a difference between a forked
+and a cold worker (its path, argv, environment, streams, session, collector) fails by name.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import textwrap
 import pytest
 
 from lab_utils import warm
-from lab_utils.labkit.torchrun import processes_of, run_nodes, warmworkers
+from lab_utils.labkit.torchrun import processes_of, run_nodes, warmstart
 
 pytestmark = pytest.mark.slow  # real torchrun agents and workers
 
@@ -40,6 +41,9 @@ REPORT = textwrap.dedent(
         "cmdline": [a for a in me.cmdline()[1:] if a], "session_leader": os.getsid(0) == os.getpid(),
         "stdout_write_through": sys.stdout.write_through, "collector": gc.isenabled(),
         "threads": torch.get_num_threads(), "parent": me.parent().name(),
+        "agent_parents": sorted({p.parent().name() for p in psutil.process_iter()
+                                 if "lab_utils.labkit.torchrun.agent" in " ".join(p.cmdline())
+                                 and p.environ().get("DTLABS_RUN_ID") == os.environ["DTLABS_RUN_ID"]}),
     }), flush=True)
     """
 )
@@ -56,12 +60,13 @@ def _reports(script, **kw) -> list[dict]:
 def test_a_forked_worker_sees_what_a_cold_one_does(tmp_path, monkeypatch):
     script = tmp_path / "report.py"
     script.write_text(REPORT)
-    monkeypatch.setenv("DTLABS_WARM_WORKERS", "0")
+    monkeypatch.setenv("DTLABS_WARM_TORCHRUN", "0")
     cold = _reports(str(script))
-    monkeypatch.setenv("DTLABS_WARM_WORKERS", "1")
+    monkeypatch.setenv("DTLABS_WARM_TORCHRUN", "1")
     forked = _reports(str(script))
     assert [r.pop("parent") for r in forked] == ["dtlabs-warm"] * 2, "the workers were not forked by the warm server"
-    assert all(r.pop("parent") != "dtlabs-warm" for r in cold)
+    assert [r.pop("agent_parents") for r in forked] == [["dtlabs-warm"]] * 2, "the agent was not forked either"
+    assert all(r.pop("parent") != "dtlabs-warm" and r.pop("agent_parents") != ["dtlabs-warm"] for r in cold)
     assert forked == cold
     first = cold[0]
     assert first["name"] == "__main__" and first["argv"] == [str(script), "an-arg"]
@@ -95,5 +100,5 @@ def test_torchrun_restarts_forked_workers_and_they_fork_again(tmp_path):
     attempts = sorted(re.findall(r"ATTEMPT \d RANK \d PARENT \d+", "\n".join(text for _, text in result.lines)))
     assert [a.split()[:4] for a in attempts] == [["ATTEMPT", "0", "RANK", "0"], ["ATTEMPT", "0", "RANK", "1"],
                                                  ["ATTEMPT", "1", "RANK", "0"], ["ATTEMPT", "1", "RANK", "1"]]
-    servers = {s.proc.pid for k, s in warm._SERVERS.items() if k[0] == warmworkers.WORKER.name}
+    servers = {s.proc.pid for k, s in warm._SERVERS.items() if k[0] == warmstart.WORKER.name}
     assert {int(a.split()[-1]) for a in attempts} <= servers, "a worker (or its restart) did not fork from the server"
