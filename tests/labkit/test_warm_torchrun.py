@@ -31,6 +31,18 @@ REPORT = textwrap.dedent(
     import torch
 
     me = psutil.Process()
+
+
+    def agent_parent(p):  # the parent's name of an agent of this run, else None (other processes come and go)
+        try:
+            if ("lab_utils.labkit.torchrun.agent" in " ".join(p.cmdline())
+                    and p.environ().get("DTLABS_RUN_ID") == os.environ["DTLABS_RUN_ID"]):
+                return p.parent().name()
+        except psutil.Error:
+            pass
+        return None
+
+
     with open("/proc/self/environ", "rb") as fh:
         environ = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\\0") if b"=" in kv)
     print("REPORT " + json.dumps({
@@ -41,9 +53,7 @@ REPORT = textwrap.dedent(
         "cmdline": [a for a in me.cmdline()[1:] if a], "session_leader": os.getsid(0) == os.getpid(),
         "stdout_write_through": sys.stdout.write_through, "collector": gc.isenabled(),
         "threads": torch.get_num_threads(), "parent": me.parent().name(),
-        "agent_parents": sorted({p.parent().name() for p in psutil.process_iter()
-                                 if "lab_utils.labkit.torchrun.agent" in " ".join(p.cmdline())
-                                 and p.environ().get("DTLABS_RUN_ID") == os.environ["DTLABS_RUN_ID"]}),
+        "agent_parents": sorted({agent_parent(p) for p in psutil.process_iter()} - {None}),
     }), flush=True)
     """
 )
