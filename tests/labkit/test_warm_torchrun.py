@@ -12,6 +12,7 @@ import re
 import textwrap
 
 import pytest
+import torch
 
 from lab_utils import warm
 from lab_utils.labkit.torchrun import processes_of, run_nodes, warmstart
@@ -112,3 +113,35 @@ def test_torchrun_restarts_forked_workers_and_they_fork_again(tmp_path):
                                                  ["ATTEMPT", "1", "RANK", "0"], ["ATTEMPT", "1", "RANK", "1"]]
     servers = {s.proc.pid for k, s in warm._SERVERS.items() if k[0] == warmstart.WORKER.name}
     assert {int(a.split()[-1]) for a in attempts} <= servers, "a worker (or its restart) did not fork from the server"
+
+
+NCCL = textwrap.dedent(
+    """
+    import os
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    t = torch.ones(4, device="cuda") * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    print("NCCL", dist.get_backend(), sum(t.tolist()), psutil.Process().parent().name(), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
+def test_a_forked_worker_runs_nccl_on_the_gpu(tmp_path):
+    """The server imported torch and never CUDA: a worker it forks initialises CUDA and NCCL as a cold one does."""
+    script = tmp_path / "nccl.py"
+    script.write_text(NCCL)
+    n = min(torch.cuda.device_count(), 2)
+    result = run_nodes(str(script), nnodes=1, nproc_per_node=n, timeout=120, quiet=True)
+    assert result.ok, result.lines
+    got = sorted(text for _, text in result.lines if text.startswith("NCCL"))
+    expected = 4.0 * sum(range(1, n + 1))
+    assert got == [f"NCCL nccl {expected} dtlabs-warm"] * n, result.lines
