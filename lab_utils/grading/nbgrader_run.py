@@ -247,16 +247,10 @@ def _warm_run(args, env: dict, cwd: str, enabled: bool) -> warm.WarmChild | None
     with ``start_new_session=True``."""
     if not enabled or sys.version_info < (3, 11) or not sys.platform.startswith("linux"):
         return None  # -P (nothing before sys.path) is 3.11's; /proc and PR_SET_PDEATHSIG are Linux's
-    r, w = os.pipe()
-    devnull = os.open(os.devnull, os.O_RDONLY)
     try:
-        run = warm.fork(NBGRADER, list(args), env, cwd, fds=(devnull, w, w))
+        run, r = warm.fork_with_pipe(NBGRADER, list(args), env, cwd)
     except warm.Refused:
-        os.close(r)
         return None
-    finally:
-        os.close(w)
-        os.close(devnull)
     run.stdout = open(r, "r", errors="replace")
     return run
 

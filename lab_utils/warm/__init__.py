@@ -307,6 +307,21 @@ def fork(kind: Kind, argv: list, env: dict, cwd: str, fds=(0, 1, 2), executable:
     raise why
 
 
+def fork_with_pipe(kind: Kind, argv: list, env: dict, cwd: str) -> tuple[WarmChild, int]:
+    """``fork`` with stdin empty and stdout and stderr one pipe: (the child, the pipe's read end, which the caller
+    closes). ``Refused`` as ``fork``."""
+    read, write = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    try:
+        return fork(kind, argv, env, cwd, fds=(devnull, write, write)), read
+    except Refused:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+        os.close(devnull)
+
+
 def _request(address, argv, env, cwd, fds) -> WarmChild:
     request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd),
                "umask": _umask(), "rlimits": _rlimits()}

@@ -60,19 +60,9 @@ def start_agent(argv: list, env: dict, cwd: str | None, agent_env: dict):
         return None
     try:
         warm.own_server(AGENT, _server_env(agent_env), wait=False)  # keyed as env is: fork finds it
+        return warm.fork_with_pipe(AGENT, argv, env, cwd or os.getcwd())
     except warm.Refused:
         return None
-    read, write = os.pipe()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    try:
-        child = warm.fork(AGENT, argv, env, cwd or os.getcwd(), fds=(devnull, write, write))
-    except warm.Refused:
-        os.close(read)
-        return None
-    finally:
-        os.close(write)
-        os.close(devnull)
-    return child, read
 
 
 def shared_env(agent_env: dict) -> dict:
