@@ -36,15 +36,19 @@ def folder_bytes(folder: Path, stop_at: int) -> int:
     total, entries, stack = 0, 0, [str(folder)]
     while stack and total <= stop_at:
         try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    entries += 1
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                entries += 1
+                try:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
                     elif entry.is_file(follow_symlinks=False):
                         total += entry.stat(follow_symlinks=False).st_size
-        except OSError:
-            continue
+                except OSError:
+                    continue  # gone while counted (a file the submission keeps replacing): the rest still counts
     return total + (entries // 1000 << 20)
 
 

@@ -192,3 +192,43 @@ def test_a_separate_user_who_cannot_run_this_python_is_a_refusal_not_a_grade(mon
         with pytest.raises(sandbox.SandboxUnavailable, match="could not run as 'nobody'"):
             sandbox.require("user", course_root=Path(__file__).resolve().parents[3])
 
+
+
+def test_a_file_gone_while_the_disk_is_measured_hides_nothing_else_of_its_folder(tmp_path, monkeypatch):
+    """The disk limit's measure (watchdog.folder_bytes): an entry that vanishes between the folder's listing and its
+    stat (a file the submission keeps replacing) is skipped, and the flood beside it still counts; it once cost the
+    rest of the folder."""
+    from lab_utils.grading.boundary import watchdog
+
+    (tmp_path / "a_gone").write_bytes(b"x")
+    (tmp_path / "flood.bin").write_bytes(b"\0" * (3 << 20))
+    scandir = os.scandir
+
+    class Gone:
+        def __init__(self, entry):
+            self.entry, self.path, self.name = entry, entry.path, entry.name
+
+        def is_dir(self, **kw):
+            return False
+
+        def is_file(self, **kw):
+            return True
+
+        def stat(self, **kw):
+            raise FileNotFoundError(self.path)
+
+    class Listing:
+        def __init__(self, path):
+            self.it = scandir(path)
+
+        def __iter__(self):  # the vanishing entry listed first
+            return (Gone(e) if e.name == "a_gone" else e for e in sorted(self.it, key=lambda e: e.name))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.it.close()
+
+    monkeypatch.setattr(watchdog.os, "scandir", Listing)
+    assert watchdog.folder_bytes(tmp_path, stop_at=1 << 20) > 1 << 20
