@@ -36,7 +36,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -152,6 +151,11 @@ class Server:
                 pass
             self.error = f"the warm server (pid {self.proc.pid}) exited"
 
+    @property
+    def named(self) -> str:
+        """This server as the value of a ``Kind.address_var``, for the processes this one starts (``fork`` reads it)."""
+        return json.dumps([self.address, self.key])
+
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         if not self.ready.wait(timeout):
             self.stop()
@@ -266,7 +270,7 @@ def shared_env(env: dict) -> dict:
         server = own_server(KERNEL, env, wait=False)  # its address is bound already; it imports meanwhile
     except Refused:
         return {}
-    return {ADDRESS_VAR: json.dumps([server.address, server.key])}
+    return {ADDRESS_VAR: server.named}
 
 
 def stop_servers(kind: Kind) -> None:

@@ -21,7 +21,6 @@ under, a server that cannot run, c.DTLabs.warm_torchrun off.
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
 
@@ -78,7 +77,7 @@ def shared_env(agent_env: dict) -> dict:
         server = warm.own_server(WORKER, env, wait=False)
     except warm.Refused:
         return {}
-    return {ADDRESS_VAR: json.dumps([server.address, server.key])}
+    return {ADDRESS_VAR: server.named}
 
 
 def fork_workers_in_this_agent() -> None:
