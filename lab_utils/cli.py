@@ -345,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, default=20, help="mutants to sample and grade (default 20; 0: all)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     s.add_argument("--min-kill", type=float, default=0.9, help="exit 1 below this kill rate (default 0.9)")
-    s.add_argument("--timeout", type=int, default=None, help="per-cell limit in seconds (default 120)")
+    s.add_argument("--timeout", type=int, default=None,
+                   help="per-cell limit in seconds (default: the course's c.DTLabs.cell_timeout)")
     s.add_argument("--list", action="store_true", help="list the sampled mutants, grade nothing")
     s.set_defaults(func=_mutate)
     s = sub.add_parser("stress", help="grade each lab's solution K times with the other cores busy; "

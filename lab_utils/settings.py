@@ -42,7 +42,8 @@ class DTLabs(Configurable):
 
     # ---------------------------------------------------------------------------------------------- grading limits
     cell_timeout = Int(
-        180, help="Seconds one cell may run under autograde and validate (nbgrader's Execute.timeout). Lab cells "
+        180, help="Seconds one cell may run under autograde and validate (nbgrader's Execute.timeout), and in "
+                  "`dtlabs mutate`'s swap sessions. Lab cells "
                   "call launch(..., timeout<=60), so a hanging rank is reported by the launcher first."
     ).tag(config=True, env="DTLABS_CELL_TIMEOUT")
     submission_timeout = Float(

@@ -307,10 +307,10 @@ class Report:
 def run_mutants(lab: str, mutants: list, *, root: Path | str | None = None, cell_timeout=None):
     """Grade the unmutated solution and every mutant in one swap session (``lab_utils.grading.quality.swaps``): the same
     split execution as ``autograde``, one kernel and sandbox for all. Returns the session's report."""
-    from lab_utils.grading.quality.swaps import CELL_TIMEOUT_S, Swap, check_swaps
+    from lab_utils.grading.quality.swaps import Swap, check_swaps
 
     return check_swaps(lab, [Swap(m.id, {m.grade_id: m.source}, first_loss=True) for m in mutants], root=root,
-                       cell_timeout=cell_timeout or CELL_TIMEOUT_S)
+                       cell_timeout=cell_timeout)
 
 
 def _full_marks(scores: dict) -> bool:

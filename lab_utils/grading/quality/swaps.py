@@ -38,9 +38,6 @@ from lab_utils.grading.quality.build import solution_cells, without_demos
 from lab_utils.grading.course import cell_meta, find_course_root
 from lab_utils.grading.split.execute import GRADER, SHARED, STUDENT, STUDENT_MAGIC, SplitExecute
 
-CELL_TIMEOUT_S = 120
-
-
 @dataclass
 class Swap:
     """Answer cells replaced (grade_id -> source); ``until``: the last graded cell that matters (None: all);
@@ -227,9 +224,15 @@ def _mode(preamble) -> str:
     return "unknown"
 
 
-def check_swaps(lab: str, swaps, *, root: Path | str | None = None, cell_timeout: int = CELL_TIMEOUT_S) -> SwapReport:
-    """Grade ``swaps`` of ``lab`` in one session (module docstring); nothing it starts outlives it."""
+def check_swaps(lab: str, swaps, *, root: Path | str | None = None, cell_timeout: int | None = None) -> SwapReport:
+    """Grade ``swaps`` of ``lab`` in one session (module docstring), each cell under ``cell_timeout`` seconds (default:
+    the course's ``c.DTLabs.cell_timeout``, the limit grading gives a student's cell); nothing it starts outlives
+    it."""
+    from lab_utils.grading.nbgrader_run import course_settings
+
     root = find_course_root(root)
+    if cell_timeout is None:
+        cell_timeout = course_settings(root).cell_timeout
     nb = session_notebook(nbformat.read(str(root / "solutions" / lab / f"{lab}.ipynb"), as_version=4))
     work = Path(tempfile.mkdtemp(prefix=f"dtlabs-swaps-{lab}-"))
     try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import time
 
 import nbformat
 import pytest
@@ -113,7 +114,27 @@ def test_cli_has_a_mutate_command():
     assert (args.lab, args.n, args.seed, args.min_kill, args.func) == ("04_mixed_precision", 5, 1, 0.8, cli._mutate)
 
 
-# ------------------------------------------------------------------------------------------ one real run
+# ------------------------------------------------------------------------------------------ real runs
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_swap_session_stops_a_cell_at_the_courses_cell_limit(synthetic_course, tmp_path, no_leaked_processes):
+    """``dtlabs mutate`` (a swap session) gives a cell the limit grading gives it, ``c.DTLabs.cell_timeout`` from the
+    course's config: a mutant that hangs is stopped there, and counted as timed out."""
+    from lab_utils.grading.quality.swaps import Swap, check_swaps
+
+    root = tmp_path / "course"
+    shutil.copytree(synthetic_course / "solutions", root / "solutions")
+    (root / "grader").mkdir()
+    (root / "grader" / "nbgrader_config.py").write_text("c = get_config()  # noqa\nc.DTLabs.cell_timeout = 4\n")
+    hangs = "def add(a, b):\n    import time\n    time.sleep(600)\n\n\ndef twice(x):\n    return 2 * x\n"
+    start = time.monotonic()
+    report = check_swaps(SYNTHETIC_LAB, [Swap("hangs", {"add": hangs})], root=root)
+    took = time.monotonic() - start
+    assert report.results["hangs"].timed_out == ["test_add"], report.results["hangs"]
+    assert report.results["hangs"].scores["test_add"][0] == 0
+    assert took < 60, f"the session took {took:.0f} s: the course's 4 s limit was not the cell's"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_mutate_grades_the_synthetic_lab_and_fails_below_min_kill(synthetic_course, tmp_path, no_leaked_processes):
