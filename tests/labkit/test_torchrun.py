@@ -393,6 +393,45 @@ def test_elastic_events_are_checked(tmp_path):
         run_nodes(str(script), events={"X": "leave"}, rdzv="static")
 
 
+def test_restarts_need_c10d(tmp_path):
+    """A static rendezvous reuses its store across attempts: restarted gloo workers read stale peer addresses (with
+    cold workers on this machine, every time). The harness says so before it starts anything."""
+    script = tmp_path / "s.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(ValueError, match="rdzv='c10d'"):
+        run_nodes(str(script), rdzv="static", max_restarts=1)
+    with pytest.raises(ValueError, match="rdzv='c10d'"):
+        run_nodes(str(script), nnodes=1, nproc_per_node=2, max_restarts=1)
+
+
+FAILS_ONCE = textwrap.dedent(
+    """
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    print(f"RANK {dist.get_rank()} ATTEMPT {attempt} SUM {t.item():g}", flush=True)
+    if attempt == 0:
+        raise SystemExit(3)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cold_workers_restart_on_c10d(tmp_path, monkeypatch):
+    """Every rank fails its first attempt; torchrun restarts them all, started cold (c.DTLabs.warm_torchrun off), and
+    the second attempt's all-reduce is right: the restart the static rendezvous could not do."""
+    monkeypatch.setenv("DTLABS_WARM_TORCHRUN", "0")
+    script = tmp_path / "fails_once.py"
+    script.write_text(FAILS_ONCE)
+    result = run_nodes(str(script), nnodes=2, rdzv="c10d", max_restarts=1, timeout=150, quiet=True)
+    text = "\n".join(t for _, t in result.lines)
+    assert result.ok and "RANK 0 ATTEMPT 1 SUM 3" in text and "RANK 1 ATTEMPT 1 SUM 3" in text, text[-3000:]
+
+
 @pytest.mark.timeout(240)
 def test_a_node_leaves_and_another_joins_an_elastic_job(tmp_path):
     script = tmp_path / "elastic.py"

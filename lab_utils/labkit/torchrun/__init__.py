@@ -15,7 +15,8 @@ What this module adds around torchrun, and why:
   (Linux) so a dying kernel takes them along, and torchrun stops its workers on SIGTERM.
 - Restarts work with gloo: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each restart attempt a fresh store;
   with the agent's shared store, restarted gloo workers can read stale peer addresses and hang for the
-  30-minute default (pytorch#135712).
+  30-minute default (pytorch#135712). That is c10d's rendezvous: a static one keeps its one store for every
+  attempt (and never has the other nodes restart), so ``run_nodes`` refuses ``max_restarts`` without c10d.
 - No agent's exit strands another. The agent that hosts the rendezvous store must outlive every agent that
   still talks to it (the exit barrier, the rendezvous shutdown); on a loaded machine a host that finishes
   first fails the other agent with "Failed to recv ... Did the remote server shutdown or crash?". So with

@@ -307,6 +307,8 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
     ``TorchrunError`` when an agent fails. In every case, including ``KeyboardInterrupt``, every agent and
     worker of the run is dead when this returns or raises. ``env`` adds variables for agents and workers.
 
+    ``max_restarts`` (how often torchrun restarts every worker after a failure) needs ``rdzv="c10d"``.
+
     Elastic jobs (c10d): ``min_nodes`` and ``max_nodes`` (default ``nnodes``) give every agent
     ``--nnodes=MIN:MAX``; ``rdzv_conf`` adds rendezvous settings (``last_call_timeout``, ``keep_alive_interval``,
     ...); ``events`` maps a marker to ``"leave"`` or ``"join"``: the first line containing the marker kills the
@@ -317,6 +319,11 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
             raise ValueError(f"events map a marker to 'leave' or 'join', got {marker!r}: {action!r}")
     if (min_nodes is not None or events) and rdzv != "c10d":
         raise ValueError("an elastic job (min_nodes, events) needs rdzv='c10d'")
+    if max_restarts and rdzv != "c10d":
+        raise ValueError(
+            "restarts (max_restarts > 0) need rdzv='c10d', as torch's docs launch a fault-tolerant job: a static "
+            "rendezvous keeps one store for every attempt, so restarted gloo workers can read the old workers' "
+            "addresses and fail ('Connection refused'), and it never tells the other nodes' agents to restart")
     if max_nodes is not None and max_nodes < nnodes:
         raise ValueError(f"max_nodes={max_nodes} is less than the {nnodes} nodes started")
     if not os.path.exists(os.path.join(cwd or ".", str(script))):
