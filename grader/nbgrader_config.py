@@ -26,7 +26,7 @@ except ImportError:  # run outside the course venv: use the package in this cour
 c = get_config()  # noqa: F821 - provided by traitlets when it executes this file
 
 # The course's settings (all of them, with their meaning: `dtlabs settings`), for example:
-# c.DTLabs.cell_timeout = 180      # seconds a cell may run under autograde and validate
+# c.DTLabs.cell_timeout = 180      # seconds a cell may run under autograde, validate and mutate
 # c.DTLabs.memory_mb = 8192        # memory of one submission's processes while it is graded
 # c.DTLabs.max_procs = 96          # processes one submission may have at once
 # c.DTLabs.sandbox = "bwrap"       # refuse to grade where bubblewrap cannot build a sandbox

@@ -48,9 +48,9 @@ LAB_AUTOGRADE_LIMIT_S = float(os.environ.get("DTLABS_LAB_AUTOGRADE_LIMIT_S", "15
 # A known-wrong answer is graded up to the last cell it must lose points on (the cells after it cannot change that
 # verdict) and without the demo cells (student-writable cells that are neither answers nor course cells), which no
 # test may depend on: the solution without demos proves that, by keeping full marks.
-# The per-cell limit `dtlabs grade` gives a student (180 s): Lab 10's Ray Train cell (one TorchTrainer.fit, six Ray
-# processes starting on 2 cores) needs much of it on a shared, loaded machine.
-SESSION_CELL_TIMEOUT_S = 180
+# Each cell has the per-cell limit `dtlabs grade` gives a student (the course's c.DTLabs.cell_timeout, 180 s, which
+# check_swaps takes by default): Lab 10's Ray Train cell (one TorchTrainer.fit, six Ray processes starting on 2 cores)
+# needs much of it on a shared, loaded machine.
 # Each push grades a fixed sample (seed 0) of `dtlabs mutate`'s single-change mutants of every lab in its session;
 # each must lose a point (the bar is 90% killed; of 3, that is all). `make mutate` grades more.
 MUTANTS_PER_LAB = int(os.environ.get("DTLABS_MUTANTS_PER_LAB", "3"))
@@ -236,7 +236,7 @@ class LabGrades:
         pool = [m for m in mutate.lab_mutants(_source(self.lab)) if m.id not in accepted]
         self.mutants = mutate.sample(pool, MUTANTS_PER_LAB, seed=0)
         swaps += [Swap(f"mutant_{m.id}", {m.grade_id: m.source}, first_loss=True) for m in self.mutants]
-        self.session = check_swaps(self.lab, swaps, cell_timeout=SESSION_CELL_TIMEOUT_S)
+        self.session = check_swaps(self.lab, swaps)
         self.scores["solution"] = self.scores["solution_without_demos"] = self.session.baseline.scores
         self.scores["control"] = self.session.control.scores
         for name, res in self.session.results.items():
