@@ -69,7 +69,7 @@ class Rank:
 
 
 # ------------------------------------------------------------------------------------------------ readers
-def start_readers(rk: Rank, events: queue.Queue) -> list:
+def start_readers(rk: Rank, events: queue.SimpleQueue) -> list:
     """Threads that turn a rank's stdout, stderr and result pipes into events."""
     import threading
 

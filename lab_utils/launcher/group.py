@@ -103,7 +103,10 @@ class RankGroup:
             pg_timeout=(timeout + 60) if timeout is not None else 1800,
             relay=relay.address if relay is not None else None,
         )
-        self.events: queue.Queue = queue.Queue()
+        # SimpleQueue: its get is C code that an interrupt (the kernel's stop button, SIGINT) leaves unlocked;
+        # Queue.get's Python lock could stay held when KeyboardInterrupt landed inside it, and the next get (the
+        # wait for interrupted ranks to settle) then deadlocked the kernel and every reader thread
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.ranks: list[Rank] = []
         self.readers: list[threading.Thread] = []
         self.closed = False

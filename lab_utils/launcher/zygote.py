@@ -85,8 +85,8 @@ class Zygote:
         self.owner_pid = os.getpid()
         self.ready = threading.Event()
         self.warm = threading.Event()
-        self.forked: queue.Queue = queue.Queue()
-        self.events: queue.Queue | None = None  # the running launch's event queue
+        self.forked: queue.SimpleQueue = queue.SimpleQueue()  # as RankGroup.events: safe to interrupt a get
+        self.events: queue.SimpleQueue | None = None  # the running launch's event queue
         self.pid_owner: dict[int, tuple] = {}
         self.send_lock = threading.Lock()
         self.dead = threading.Event()
