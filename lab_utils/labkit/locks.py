@@ -8,8 +8,8 @@ socket. Every ``acquire`` is a request the server grants, so the server's record
 read from the socket by the kernel: ``SO_PEERCRED``) is what really happened through *this* lock. A worker that uses
 another lock is simply not counted, as with ``Traffic``: tests ask for what the right algorithm must do through it.
 
-The socket lives in ``directory`` (default: ``tempfile.gettempdir()``, which under grading is the temp folder the
-grader and the sandboxed subject share at the same path). A client connects lazily, once per process, so a client
+The socket lives in ``directory`` (default: ``sockets.socket_folder()``, which under grading is the folder the grader
+made for the subject's sockets: the subject reaches it at the same path and cannot write it). A client connects lazily, once per process, so a client
 inherited through ``fork`` or sent by pickle works in every worker. A connection that closes while it holds the
 lock releases it (a worker that died does not block the others).
 
@@ -24,12 +24,11 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import tempfile
 import threading
 import time
 import uuid
 
-from lab_utils.launcher import wire
+from lab_utils import sockets
 
 __all__ = ["CountedLock", "LockClient"]
 
@@ -48,14 +47,15 @@ class CountedLock:
         if not 0 <= grant_delay <= 1:
             raise ValueError(f"grant_delay is in seconds, between 0 and 1, got {grant_delay!r}")
         self.grant_delay = grant_delay
-        self.address = os.path.join(directory or tempfile.gettempdir(), f".dtlabs-lock-{uuid.uuid4().hex[:10]}.sock")
+        folder = directory or sockets.socket_folder()
+        self.address = os.path.join(folder, f".dtlabs-lock-{uuid.uuid4().hex[:10]}.sock")
         self.grants: list = []
         self._mutex = threading.Lock()  # the lock itself
         self._record = threading.Lock()  # guards ``grants``
         self._t0 = time.monotonic()
         self._conns: list = []
         self._closed = False
-        self._srv = wire.listen_unix(self.address, MAX_CONNECTIONS)
+        self._srv = sockets.listen_unix(self.address, MAX_CONNECTIONS, mode=sockets.socket_mode(folder))
         threading.Thread(target=self._accept, name="dtlabs-counted-lock", daemon=True).start()
 
     def client(self) -> LockClient:
@@ -74,7 +74,7 @@ class CountedLock:
 
     def close(self) -> None:
         self._closed = True
-        wire.close_unix(self.address, self._srv, *self._conns)
+        sockets.close_unix(self.address, self._srv, *self._conns)
 
     def __enter__(self):
         return self
@@ -147,7 +147,7 @@ class LockClient:
 
     def _conn(self):
         if self._sock is None or self._pid != os.getpid():  # a forked child never shares its parent's connection
-            sock = wire.connect_unix(self.address)
+            sock = sockets.connect_unix(self.address)
             self._sock, self._pid = sock, os.getpid()
         return self._sock
 

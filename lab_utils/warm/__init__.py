@@ -34,14 +34,15 @@ import resource
 import signal
 import socket
 import subprocess
+import shutil
 import sys
 import threading
-import uuid
 from dataclasses import dataclass
 
-from lab_utils import processes
+from lab_utils import processes, sockets, tempdirs
 
 ADDRESS_VAR = "DTLABS_WARM_KERNEL_SERVER"  # a server's address and key, for the nbgrader runs of one grading
+FOLDER_PREFIX = "dtlabs-warm-"  # a server's private folder (0700), with its socket
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,15 @@ class Server:
 
     def __init__(self, kind: Kind, env: dict, executable: str = sys.executable):
         self.kind = kind
-        self.address = f"\0dtlabs-warm-{uuid.uuid4().hex}"
+        # A socket file in a folder of this user's alone (0700), never an abstract name, which any local user can
+        # connect to. The folder is named for this process: its ``stop`` removes it, or where this process was killed,
+        # the next server's start does.
+        tempdirs.remove_orphaned_tempdirs(FOLDER_PREFIX)
+        self.folder = tempdirs.owned_tempdir(FOLDER_PREFIX, tag=kind.name)
+        self.address = os.path.join(self.folder, "server")
         self.key = import_key(env, executable)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(self.address)  # bound here, so a request made before the server is up waits in the backlog
-        listener.listen(64)
+        # bound here, so a request made before the server is up waits in the backlog
+        listener = sockets.listen_unix(self.address, 64, kind=socket.SOCK_SEQPACKET)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         server_env = {k: v for k, v in env.items() if "TOKEN" not in k and k != ADDRESS_VAR}
         server_env[PAD_VAR] = "x" * ENV_ROOM
@@ -170,6 +175,7 @@ class Server:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class WarmChild:
@@ -329,9 +335,11 @@ def fork_with_pipe(kind: Kind, argv: list, env: dict, cwd: str) -> tuple[WarmChi
 def _request(address, argv, env, cwd, fds) -> WarmChild:
     request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd),
                "umask": _umask(), "rlimits": _rlimits()}
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        conn.connect(address)
+        conn = sockets.connect_unix(address, socket.SOCK_SEQPACKET)
+    except OSError as exc:
+        raise Refused(f"the warm server did not fork the kernel: {exc}") from None
+    try:
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
         conn.settimeout(FORK_TIMEOUT_S)
         reply = conn.recv(1 << 16)

@@ -113,13 +113,34 @@ def serve(ctl_fd: int, listen_fd: int, kind_json: str) -> None:
                         pass
 
 
+def _trusted(pid: int) -> bool:
+    """Whether ``pid`` may have this server fork: a descendant of the process that started it (or that process), by a
+    line of processes none of which is a Jupyter kernel. A kernel runs notebooks, and in unprotected grading (no pid
+    namespace, one user) what a kernel starts includes the submission's subject: a fork asked for by it would run
+    outside its Landlock domain, where it could trace the grader's processes. The line is read from ``/proc`` (the
+    subject can neither rename nor re-parent the kernel above it)."""
+    owner = os.getppid()
+    try:
+        while pid != owner:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"ipykernel_launcher" in fh.read():
+                    return False
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                pid = int(fh.read().rpartition(b")")[2].split()[1])  # the field after the state: the parent's pid
+            if pid <= 1:
+                return False
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
 def _fork_one(kind: Kind, conn: socket.socket, key: str, server: int, close_fds) -> int | None:
     """Read one request from ``conn`` and fork it; the child's pid once it leads its own session, else None."""
     conn.settimeout(5)
     try:
-        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))  # pid, uid, gid
-        if uid != os.getuid():
-            return None  # only its own user's processes may have it fork
+        peer, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))  # pid, uid, gid
+        if uid != os.getuid() or not _trusted(peer):
+            return None  # only its own user's processes may have it fork, and none a kernel started
         data, fds, _, _ = socket.recv_fds(conn, 1 << 22, 8)
         request = json.loads(data)
     except (OSError, ValueError):

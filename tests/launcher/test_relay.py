@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 
-from lab_utils import RankFailedError, Traffic, launch
+from lab_utils import RankFailedError, Traffic, launch, sockets
 from lab_utils.launcher import wire
 from lab_utils.launcher.relay import RelayError, collectives
 
@@ -123,7 +123,7 @@ def test_a_frame_declared_over_the_limit_is_refused_before_it_is_read(tmp_path, 
     traffic = Traffic()
     r = traffic.start(1, directory=str(tmp_path))
     try:
-        s = wire.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
+        s = sockets.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
         wire.send_message(s, {"op": "hello", "rank": 0})
         head = json.dumps({"id": 1, "op": "allreduce", "group": [0], "seq": 1, "dtype": "uint8", "shape": [1]}).encode()
         if part == "header":
@@ -194,12 +194,12 @@ def test_a_second_connection_in_a_joined_rank_s_name_is_refused(tmp_path):
     traffic = Traffic()
     r = traffic.start(1, directory=str(tmp_path))
     try:
-        first = wire.connect_unix(r.address)
+        first = sockets.connect_unix(r.address)
         wire.send_message(first, {"op": "hello", "rank": 0})
         first.settimeout(10)
         wire.send_message(first, {"id": 1, "op": "barrier", "group": [0], "seq": 1})
         assert wire.recv_message(first)[0] == {"id": 1, "error": None}
-        second = wire.connect_unix(r.address)
+        second = sockets.connect_unix(r.address)
         second.settimeout(10)
         try:
             wire.send_message(second, {"op": "hello", "rank": 0})
@@ -217,7 +217,7 @@ def test_a_send_outside_the_group_or_to_oneself_is_named(tmp_path):
     traffic = Traffic()
     r = traffic.start(2, directory=str(tmp_path))
     try:
-        s = wire.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
+        s = sockets.connect_unix(r.address)  # as a rank does: pytest's tmp_path may be longer than an address holds
         s.settimeout(10)
         wire.send_message(s, {"op": "hello", "rank": 0})
         wire.send_message(s, {"id": 1, "op": "send", "group": [0, 1], "peer": 5, "dtype": "float32",

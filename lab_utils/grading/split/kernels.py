@@ -5,42 +5,55 @@ a second or more later. On a loaded machine another process can take one of thos
 TCPStore bind ephemeral ports all the time here), and the kernel dies with "Address already in use" before it
 replies to kernel_info: a grade, a ``dtlabs validate`` or a papermill run lost to a race.
 
-``PrivateSocketKernelManager`` uses ZeroMQ's ``ipc`` transport on Linux's abstract socket namespace
-(``ipc://@dtlabs-kernel-<uuid>-N``): a name no one else picks, nothing on disk to clean up or leak, and not
-reachable from a sandbox with its own network namespace (the grading subject). Elsewhere it is a plain
-``AsyncKernelManager`` on TCP. Every notebook executor of the course uses it: grading (``SplitExecute``),
-``dtlabs validate``, the answer-swap sessions, and the tests' papermill and nbclient runs.
+``PrivateSocketKernelManager`` uses ZeroMQ's ``ipc`` transport: Unix socket files in a folder of this user's alone
+(mode 0700, ``tempdirs.owned_tempdir``), so no port is picked before it is bound, and no other user can connect to a
+channel, IOPub included, whose subscribers need no key (abstract socket names and loopback ports are open to every
+local user: a classmate or another job on the machine would read every hidden test a grading executes). The
+folder goes with the kernel (``cleanup_resources``), or where the process that made it was killed, with the next
+kernel's start. Elsewhere than Linux it is a plain ``AsyncKernelManager`` on TCP. Every notebook executor of the course
+uses it: grading (``SplitExecute``), ``dtlabs validate``, the answer-swap sessions, and the tests' papermill and
+nbclient runs.
 
 Its kernels are provisioned by ``dtlabs-warm`` (``lab_utils.grading.split.provisioner``: forked from a warm server)
 while ``c.DTLabs.warm_kernels`` is on; kernels JupyterLab starts for a student never use this manager.
 """
 from __future__ import annotations
 
+import shutil
 import sys
-import uuid
 
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
-from lab_utils import settings
+from lab_utils import settings, tempdirs
 
-ABSTRACT_SOCKETS = sys.platform.startswith("linux")
+IPC_SOCKETS = sys.platform.startswith("linux")
+FOLDER_PREFIX = "dtlabs-kernel-"  # a kernel's private folder (0700) with its five sockets
 
 
 class PrivateSocketKernelManager(AsyncKernelManager):
-    """An ``AsyncKernelManager`` whose kernel listens on abstract Unix sockets named for this kernel alone."""
+    """An ``AsyncKernelManager`` whose kernel listens on Unix socket files in a folder of this user's alone."""
+
+    _folder: str | None = None
 
     @default("transport")
     def _transport_default(self) -> str:
-        return "ipc" if ABSTRACT_SOCKETS else "tcp"
+        return "ipc" if IPC_SOCKETS else "tcp"
 
     @default("ip")
     def _ip_default(self) -> str:
-        if self.transport == "ipc" and ABSTRACT_SOCKETS:
-            # '@' puts the name in the abstract namespace: jupyter_client's existence check finds no file, so
-            # the ports are 1..5, and the names are unique through the uuid.
-            return f"@dtlabs-kernel-{uuid.uuid4().hex}"
+        if self.transport == "ipc" and IPC_SOCKETS:
+            tempdirs.remove_orphaned_tempdirs(FOLDER_PREFIX)
+            self._folder = tempdirs.owned_tempdir(FOLDER_PREFIX, dir=_short_temp_folder())
+            return f"{self._folder}/k"  # the channels are k-1 .. k-5
         return super()._ip_default()
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart and self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+    cleanup_resources = _async_cleanup_resources
 
     @property
     def kernel_spec(self):
@@ -57,3 +70,11 @@ class PrivateSocketKernelManager(AsyncKernelManager):
             if not KernelProvisionerFactory.instance(parent=self.parent).is_provisioner_available(spec):
                 spec.metadata = plain
         return spec
+
+
+def _short_temp_folder() -> str | None:
+    """The temp folder, unless its path leaves too little of a socket address's 107 bytes for ZeroMQ (which binds
+    the path as given): then /tmp."""
+    import tempfile
+
+    return None if len(tempfile.gettempdir().encode()) <= 60 else "/tmp"

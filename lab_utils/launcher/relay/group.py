@@ -8,6 +8,7 @@ import itertools
 import os
 import threading
 
+from lab_utils import sockets
 from lab_utils.launcher import wire
 from lab_utils.launcher.relay import collectives
 from lab_utils.launcher.relay.api import BACKEND, MAX_HEADER, MAX_PAYLOAD, RelayError
@@ -17,7 +18,7 @@ class _Connection:
     """A rank's one connection to the relay; calls are answered in any order, matched by id."""
 
     def __init__(self, address: str, rank: int):
-        self.sock = wire.connect_unix(address)
+        self.sock = sockets.connect_unix(address)
         self.lock = threading.Lock()
         self.pending: dict = {}
         self.ids = itertools.count()

@@ -6,6 +6,7 @@ import os
 import tempfile
 import threading
 
+from lab_utils import sockets
 from lab_utils.launcher import wire
 from lab_utils.launcher.relay import collectives
 from lab_utils.launcher.relay.api import (BACKEND, MAX_BUFFERED, MAX_CONNECTIONS_PER_RANK, MAX_HEADER, MAX_PAYLOAD,
@@ -31,14 +32,14 @@ class Relay:
         self._buffered = 0
         self._conns: list = []  # the ranks' connections, closed by stop
         self._stopped = False
-        self._srv = wire.listen_unix(self.address)
+        self._srv = sockets.listen_unix(self.address, mode=sockets.socket_mode(folder))
         threading.Thread(target=self._accept, name="dtlabs-relay", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped = True
         with self._cond:
             self._cond.notify_all()
-        wire.close_unix(self.address, self._srv, *self._conns)
+        sockets.close_unix(self.address, self._srv, *self._conns)
         if self._tmp:
             os.rmdir(self._tmp)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import nbformat
 import psutil
@@ -33,20 +34,28 @@ def test_a_kernel_on_private_sockets_binds_its_channels_there_and_leaves_no_file
     monkeypatch.chdir(tmp_path)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PROBE)])
     held = set()  # the Unix socket names the kernel holds while it runs
+    folder_modes = {}  # its socket folder's mode, while it runs
 
     def on_cell_executed(cell, cell_index, execute_reply):
-        kernel = psutil.Process(json.loads(cell.outputs[0]["text"])["pid"])
+        info = json.loads(cell.outputs[0]["text"])
+        kernel = psutil.Process(info["pid"])
         held.update(c.laddr for c in kernel.net_connections(kind="unix"))
+        folder = os.path.dirname(info["ip"])
+        if os.path.isdir(folder):
+            folder_modes[folder] = os.stat(folder).st_mode & 0o7777
 
     client = NotebookClient(nb, timeout=120, kernel_name="python3", kernel_manager_class=PrivateSocketKernelManager,
                             on_cell_executed=on_cell_executed, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     info = json.loads(nb.cells[0].outputs[0]["text"])
-    if kernels.ABSTRACT_SOCKETS:
-        assert info["transport"] == "ipc" and info["ip"].startswith("@dtlabs-kernel-"), info
+    if kernels.IPC_SOCKETS:
+        folder = os.path.dirname(info["ip"])
+        assert info["transport"] == "ipc" and os.path.basename(folder).startswith(kernels.FOLDER_PREFIX), info
+        assert folder_modes[folder] == 0o700, f"the kernel's socket folder is {oct(folder_modes[folder])}, not 0700"
         channels = {f"{info['ip']}-{info[f'{name}_port']}" for name in ("shell", "iopub", "stdin", "control", "hb")}
         assert len(channels) == 5 and channels <= held, (
             f"the kernel's five channels {sorted(channels)} are not all among the sockets it holds {sorted(held)}")
+        assert not os.path.exists(folder), "the kernel's socket folder outlived it"
     else:
         assert info["transport"] == "tcp", info
     assert sorted(os.listdir(tmp_path)) == [], "the kernel left files behind"
@@ -55,3 +64,51 @@ def test_a_kernel_on_private_sockets_binds_its_channels_there_and_leaves_no_file
 def test_two_kernel_managers_never_share_socket_names():
     a, b = PrivateSocketKernelManager(), PrivateSocketKernelManager()
     assert a.ip != b.ip
+
+
+EAVESDROP = Path(__file__).resolve().parents[2] / "helpers" / "eavesdrop.py"
+
+
+def _heard_by_another_user(manager_class, tmp_path) -> dict:
+    """What user ``nobody`` hears, from every socket and loopback port it can reach, while a kernel of
+    ``manager_class`` prints a secret for a few seconds."""
+    import secrets
+    import shutil
+    import subprocess
+
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not system_python:
+        pytest.skip("needs root (to run a process as nobody) and /usr/bin/python3 (a Python nobody can run)")
+    secret = f"dtlabs-secret-{secrets.token_hex(8)}"
+    code = f"import time\nfor _ in range(30):\n    print({secret!r}, flush=True)\n    time.sleep(0.2)\n"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    listener = {}
+
+    def on_cell_execute(cell, cell_index):
+        listener["proc"] = subprocess.Popen([system_python, "-I", "-c", EAVESDROP.read_text(), "4", secret], user=65534,
+                                            group=65534, extra_groups=[], cwd="/", stdout=subprocess.PIPE, text=True)
+
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", kernel_manager_class=manager_class,
+                            on_cell_execute=on_cell_execute, resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    out, _ = listener["proc"].communicate(timeout=60)
+    assert secret in nb.cells[0].outputs[0]["text"]
+    return json.loads(out)
+
+
+@pytest.mark.slow
+def test_another_user_hears_nothing_of_a_kernel_on_private_sockets(tmp_path):
+    """IOPub publishes to any subscriber without a key: every cell's source (execute_input) and output, hidden
+    tests included under grading. On private sockets no other local user can connect to any channel."""
+    heard = _heard_by_another_user(PrivateSocketKernelManager, tmp_path)
+    assert heard["uid"] == 65534 and not heard["heard"], heard
+
+
+@pytest.mark.slow
+def test_the_eavesdropper_hears_a_kernel_on_tcp(tmp_path):
+    """The control: the same listener hears a kernel on jupyter_client's default transport (loopback TCP), so its
+    silence above is the transport's doing."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    heard = _heard_by_another_user(AsyncKernelManager, tmp_path)
+    assert heard["heard"], f"the listener heard nothing of a kernel on TCP: {heard}"

@@ -202,7 +202,11 @@ print(os.getgid(), warm.fork(warm.KERNEL, ["--version"], dict(os.environ), "/").
 OTHER_USER = """
 import json, os, socket, sys
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-conn.connect(json.loads(os.environ[sys.argv[1]])[0])
+try:
+    conn.connect(json.loads(os.environ[sys.argv[1]])[0])
+except PermissionError:  # the server's folder is its user's alone
+    print(os.getuid(), "unreachable", flush=True)
+    sys.exit()
 conn.settimeout(60)
 try:
     socket.send_fds(conn, [json.dumps({"argv": ["--version"], "env": {}, "cwd": "/"}).encode()], [0, 1, 2])
@@ -215,7 +219,9 @@ except OSError as exc:  # closed before or after the request was read
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes of another user and group")
 def test_the_server_forks_for_its_own_user_whatever_the_group_and_for_no_other(no_leaked_processes, monkeypatch):
     """The server reads its caller's user from SO_PEERCRED (pid, uid, gid). It read the gid: an ordinary user, whose
-    group id is not their user id, had every kernel refused ("Connection reset by peer") and started cold."""
+    group id is not their user id, had every kernel refused ("Connection reset by peer") and started cold. Another
+    user cannot reach its socket at all: it is a file in a folder of the server's user alone (an abstract name, as
+    it was, let any local user connect)."""
     monkeypatch.delenv(warm.ADDRESS_VAR, raising=False)
     env = {**os.environ, **warm.shared_env(dict(os.environ))}
     assert warm.ADDRESS_VAR in env
@@ -229,7 +235,29 @@ def test_the_server_forks_for_its_own_user_whatever_the_group_and_for_no_other(n
         pytest.skip("no /usr/bin/python3 for the other user's client")
     refused = subprocess.run([system_python, "-I", "-c", OTHER_USER, warm.ADDRESS_VAR], env=env, user=65534, group=65534,
                              extra_groups=[], capture_output=True, text=True, timeout=120, cwd="/")
-    assert refused.stdout.split()[:2] == ["65534", "closed"], refused.stdout + refused.stderr
+    assert refused.stdout.split()[:2] == ["65534", "unreachable"], refused.stdout + refused.stderr
+
+
+UNDER_A_KERNEL = """
+import os, subprocess, sys
+# the child asks the server the grading shares (ADDRESS_VAR); its parent's command line is a kernel's or not
+code = "import os; from lab_utils import warm; print(warm.fork(warm.KERNEL, ['--version'], dict(os.environ), '/', own=False).wait(60))"
+child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+print(child.stdout.strip().splitlines()[-1] if child.returncode == 0 else "refused: " + child.stderr.strip()[-200:])
+"""
+
+
+def test_the_server_forks_nothing_a_kernel_started(no_leaked_processes, monkeypatch):
+    """In unprotected grading the subject is a child of the grader kernel and of the grader's own user: a fork it
+    asked the warm server for would run outside its Landlock domain. The server walks its caller's parents up to its
+    own starter and refuses one that passes through a kernel."""
+    monkeypatch.delenv(warm.ADDRESS_VAR, raising=False)
+    env = {**os.environ, **warm.shared_env(dict(os.environ))}
+    runs = {label: subprocess.run([sys.executable, "-c", UNDER_A_KERNEL, *extra], env=env, capture_output=True,
+                                  text=True, timeout=120).stdout.strip().splitlines()[-1]
+            for label, extra in (("plain", []), ("kernel", ["-m", "ipykernel_launcher", "-f", "x.json"]))}
+    assert runs["plain"] == "0", runs
+    assert "Refused: the warm server did not fork" in runs["kernel"], runs
 
 
 def test_the_server_serves_only_kernels_of_its_import_environment(no_leaked_processes, monkeypatch):
