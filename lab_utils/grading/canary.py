@@ -218,7 +218,7 @@ def doctor(labs=None, *, course_root=None, settings=None, fix=False, out=print) 
     """``dtlabs doctor --grading``: the boundary this machine grades in (mode, what the subject sees or may not
     reach; ``fix``: create the separate user and close the course to it first) and each lab's canary graded now,
     under the command's ``settings`` (default: the course's). True if every lab can be graded here."""
-    from lab_utils.grading.boundary import sandbox, separate_user
+    from lab_utils.grading.boundary import network, sandbox, separate_user
     from lab_utils.grading.course import discover_labs, find_course_root
 
     course_root = find_course_root(course_root)
@@ -239,6 +239,7 @@ def doctor(labs=None, *, course_root=None, settings=None, fix=False, out=print) 
         out(f"the subject runs as {sandbox.subject_user_name()!r}; " + (
             "it can reach: " + "; ".join(found) + " (fix: dtlabs doctor --grading --fix)" if found else
             "it cannot read the course's answers or gradebooks, nor write the venv, the package or the course"))
+        out(f"network     {network.describe(sandbox.subject_user()[0].pw_uid)}")
         if found:
             return False
     elif box_mode == "none":

@@ -3,7 +3,8 @@
 A ``Reason`` is made where grading learns something (the sandbox, nbgrader's log, the batch) with its ``Kind``:
 the student's (it costs points or is said on the grade line), the environment's (the grading machine cannot grade:
 never a grade, and the class waits for the canary), the course's (the grading code failed on this submission:
-NOT GRADED, the class goes on), or unprotected (graded without a boundary, by name). Code that decides reads the
+NOT GRADED, the class goes on), or unprotected (graded without a boundary, by name; or as the separate user with
+the network open, ``network_open``). Code that decides reads the
 kind; ``str(reason)`` is the text a grade line, a record and results.json show, and ``Reason.parse`` reads that text
 back where it crossed a process in a file (the subject's report, a job-array result).
 
@@ -61,7 +62,7 @@ class Reason:
                 break
         if rest.startswith(ENVIRONMENT_MARK):
             return cls(Kind.ENVIRONMENT, rest[len(ENVIRONMENT_MARK):], where)
-        if rest == UNPROTECTED.text:
+        if rest == UNPROTECTED.text or rest.startswith(NETWORK_OPEN + " ("):
             return cls(Kind.UNPROTECTED, rest, where)
         return cls(Kind.STUDENT, rest, where)
 
@@ -71,6 +72,11 @@ class Reason:
 
 
 UNPROTECTED = Reason(Kind.UNPROTECTED, "taken without a boundary (--unprotected)")  # on every grade of that mode
+NETWORK_OPEN = "the submission had the network"  # as the separate user, where boundary/network.py could not close it
+
+
+def network_open(why: str) -> Reason:
+    return Reason(Kind.UNPROTECTED, f"{NETWORK_OPEN} ({why})")
 
 
 def of_kind(reasons, kind: Kind) -> list[Reason]:
