@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import os
 import signal
@@ -53,11 +54,18 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
 
+@functools.cache
+def libc():
+    """The C library, opened once: a child between fork and exec (a ``preexec_fn``) must not ``dlopen``, whose lock
+    another thread of its parent may have held at the fork."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _prctl(option: int, arg: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+        return libc().prctl(option, arg, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -66,7 +74,7 @@ def set_name(name: str) -> None:
     """Name this process (what ps/psutil show as its name, 15 bytes at most), so tests and students find it."""
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+            libc().prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
         except (OSError, AttributeError):
             pass
 
@@ -350,34 +358,43 @@ def kill_tree(pid: int, include_orphans: bool = False) -> list[str]:
     return kill_procs(tree(pid, include_orphans))
 
 
-def with_token(token: str, var: str, exclude=()) -> list:
-    """Live processes whose environment carries ``var=token`` (psutil.Process objects)."""
+def kill_until_none(find, what: str, deadline_s: float = 10.0) -> list[str]:
+    """SIGKILL each process ``find()`` yields (and its group) as it is yielded, until two scans in a row find none: a
+    kill from one snapshot misses what forks between the scan and the kill, and processes that fork and exit every few
+    milliseconds ("hoppers") outlived it. The pids killed; RuntimeError naming those still found after ``deadline_s``."""
     import psutil
 
+    killed, empty, end = {}, 0, time.monotonic() + deadline_s
+    while empty < 2:
+        found = [p for p in find() if kill_leader(p) or True]  # each killed as found: a hopper lives a fork's time
+        killed.update((p.pid, p) for p in found)
+        empty = 0 if found else empty + 1
+        if found and time.monotonic() > end:
+            raise RuntimeError(f"{what} still ran after {deadline_s:g} s of killing: pids {[p.pid for p in found[:5]]}")
+        time.sleep(0.002 if found else 0.02)
+    psutil.wait_procs(list(killed.values()), timeout=0.5)  # reaps those that are our children
+    return [str(pid) for pid in killed]
+
+
+def with_token(token: str, var: str, exclude=(), lazily: bool = False):
+    """Live processes whose environment carries ``var=token`` (psutil.Process objects); ``lazily``: as found."""
+    import psutil
+
+    def scan():
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.pid not in skip and proc.environ().get(var) == token and proc.status() != psutil.STATUS_ZOMBIE:
+                    yield proc
+            except (psutil.Error, OSError):
+                continue
+
     skip = {os.getpid(), *exclude}
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid in skip:
-            continue
-        try:
-            if proc.environ().get(var) == token and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
+    return scan() if lazily else list(scan())
 
 
 def reap_token(token: str, var: str, grace_s: float = 0.0) -> list[str]:
     """Kill every process carrying ``var=token`` after giving them ``grace_s`` to exit; returns what was killed."""
     deadline = time.monotonic() + grace_s
-    procs = with_token(token, var)
-    while procs and time.monotonic() < deadline:
+    while time.monotonic() < deadline and with_token(token, var):
         time.sleep(0.2)
-        procs = with_token(token, var)
-    killed = []
-    for _ in range(5):  # one may start a child (in its own session) between our scan and its kill: look again
-        if not procs:
-            break
-        killed += kill_procs(procs)
-        procs = with_token(token, var)
-    return killed
+    return kill_until_none(lambda: with_token(token, var, lazily=True), f"processes carrying {var}")

@@ -1,11 +1,13 @@
 """What one submission may use, and the watchdog that holds it to that in every mode: the total RSS of its
 processes, their number and its folder's size, with the reason it stopped a box, so a grade can say "memory limit"
-instead of "dead kernel"."""
+instead of "dead kernel"; and the kill that ends everything the submission started (a cgroup of its own, or a loop
+until none is found)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +80,83 @@ def limit_resources(memory_mb: int) -> None:  # runs in the child between fork a
         pass
 
 
+def own_cgroup() -> str | None:
+    """This process's cgroup v2 folder (``0::PATH`` of /proc/self/cgroup under the mount of that hierarchy that
+    holds it), or None where there is none."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            path = next(line[3:].strip() for line in fh if line.startswith("0::"))
+        with open("/proc/self/mountinfo") as fh:
+            mounts = [line.split() for line in fh]
+    except (OSError, StopIteration):
+        return None
+    for fields in mounts:
+        fstype = fields[fields.index("-") + 1] if "-" in fields else ""
+        root, point = (f.encode().decode("unicode_escape") for f in fields[3:5])
+        if fstype == "cgroup2" and (path == root or path.startswith(root.rstrip("/") + "/")):
+            return os.path.join(point, os.path.relpath(path, root)).rstrip("/.") or point
+    return None
+
+
+class Cgroup:
+    """A cgroup v2 made inside this process's own: what is moved into it, and everything that process then starts,
+    stays in it (leaving needs write access to a cgroup's files), and ``kill`` ends them all at once, those forking
+    while it runs included (``cgroup.kill``, Linux 5.14). ``make`` returns None where no such cgroup can be made here
+    (no cgroup v2, a folder this user may not write, an older kernel)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @classmethod
+    def make(cls, name: str) -> "Cgroup | None":
+        parent = own_cgroup()
+        if parent is None:
+            return None
+        path = os.path.join(parent, name)
+        try:
+            os.mkdir(path)
+        except OSError:
+            return None
+        if not os.path.exists(os.path.join(path, "cgroup.kill")):
+            cls(path).remove()
+            return None
+        return cls(path)
+
+    def add(self, pid: int) -> bool:
+        try:
+            with open(os.path.join(self.path, "cgroup.procs"), "w") as fh:
+                fh.write(str(pid))
+            return True
+        except OSError:
+            return False
+
+    def pids(self) -> list[int]:
+        try:
+            with open(os.path.join(self.path, "cgroup.procs")) as fh:
+                return [int(x) for x in fh.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def kill(self, deadline_s: float = 10.0) -> None:
+        """SIGKILL everything in it until it holds no process; RuntimeError after ``deadline_s``."""
+        end = time.monotonic() + deadline_s
+        while self.pids():
+            try:
+                with open(os.path.join(self.path, "cgroup.kill"), "w") as fh:
+                    fh.write("1")
+            except OSError:
+                pass
+            if time.monotonic() > end:
+                raise RuntimeError(f"processes still ran in {self.path} after {deadline_s:g} s: {self.pids()[:5]}")
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
 @dataclass
 class Box:
     """A running sandboxed program, its watchdog, and why it was stopped (if it was)."""
@@ -90,7 +169,18 @@ class Box:
     workdir: Path | None = None  # the submission's folder, measured against the disk limit
     lock: int | None = None  # as the separate user: the machine-wide lock held while this subject lives
     uid: int | None = None  # ... and that user, every process of which is this submission's
+    cgroup: Cgroup | None = None  # unprotected: the subject's own cgroup, where one can be made here
     _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        """Unprotected, the subject goes into a cgroup of its own where this machine lets us make one, so that
+        ``kill`` ends everything it started at once (``Cgroup``); elsewhere ``kill`` loops over what it finds.
+        Nothing of the submission runs before this (its cells come after ``start`` returns)."""
+        if self.mode == "unprotected" and self.cgroup is None:
+            self.cgroup = Cgroup.make(f"dtlabs-subject-{os.getpid()}-{self.popen.pid}")
+            if self.cgroup is not None and not self.cgroup.add(self.popen.pid):
+                self.cgroup.remove()
+                self.cgroup = None
 
     def members(self) -> list:
         return processes.tree(self.popen.pid, include_orphans=self.mode != "bwrap")
@@ -141,18 +231,39 @@ class Box:
             self.caller_baseline = psutil.Process().memory_info().rss
 
     def kill(self, reason: str | None = None) -> None:
+        """Stop the submission, every process it started included: under bubblewrap its pid namespace ends with it;
+        elsewhere a process that forks and exits every few milliseconds outlives a kill from one snapshot, so its
+        cgroup is killed whole, the separate user's processes are killed as that user until none runs
+        (``separate_user.kill_user``), and what is still found below this process is killed until none is left.
+        Raises RuntimeError with the reason where something still runs after seconds of that."""
         if reason and not self.reason:
             self.reason = reason
-        processes.kill_tree(self.popen.pid, include_orphans=self.mode != "bwrap")
+        if self.mode == "bwrap":
+            processes.kill_tree(self.popen.pid)
+        else:
+            if self.cgroup is not None:
+                self.cgroup.kill()
+            if self.lock is not None:  # whatever of the separate user runs is this submission's
+                separate_user.kill_user(self.uid)
+            processes.kill_until_none(lambda: processes.tree(self.popen.pid, include_orphans=True),
+                                      "the submission's processes")
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
 
     def close(self) -> None:
+        """The end of the submission: nothing of it runs after this, and as the separate user nothing it left in a
+        world-writable folder stays for the next (``separate_user.end_user``; the next subject's start does it again
+        and refuses to start where it cannot)."""
         self._stop.set()
-        self.kill()
-        if self.lock is not None:  # whatever of the separate user still runs is this submission's: it goes first
-            separate_user.kill_user(self.uid)
-            os.close(self.lock)
-            self.lock = None
+        try:
+            self.kill()
+            if self.lock is not None:
+                separate_user.end_user(self.uid)
+        finally:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            if self.lock is not None:
+                os.close(self.lock)
+                self.lock = None
