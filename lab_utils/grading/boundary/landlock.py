@@ -17,7 +17,7 @@ import os
 import sys
 from typing import NamedTuple
 
-from lab_utils.processes import set_no_new_privs
+from lab_utils.processes import libc, set_no_new_privs
 
 _CREATE_RULESET, _RESTRICT_SELF = 444, 446  # the same numbers on every architecture (added after the table merge)
 _CREATE_RULESET_VERSION = 1 << 0
@@ -33,7 +33,7 @@ class Support(NamedTuple):
 
 @functools.cache
 def _syscall():
-    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    syscall = libc().syscall
     syscall.restype = ctypes.c_long
     return syscall
 
@@ -50,7 +50,8 @@ def abi() -> Support:
 
 def scope_self() -> Support:
     """Enter a Landlock domain (``why_not`` is None when entered). Irreversible, and it also sets no-new-privileges
-    (no setuid program gains anything from here on)."""
+    (no setuid program gains anything from here on). Safe between fork and exec once ``abi()`` has run in the
+    parent (the C library is then open: nothing here loads or imports)."""
     version, why = abi()
     if not version:
         return Support(NONE, why)

@@ -70,11 +70,12 @@ def installed_inside(workdir) -> list[str]:
     return [p for p in installed_paths() if within(p, folder)]
 
 
-def mounts(workdir, tmp_mb: int | None = None) -> list[Mount]:
+def mounts(workdir, tmp_mb: int | None = None, sockets: str | None = None) -> list[Mount]:
     """The subject's file system, in the order bwrap builds it: a private /tmp, /proc and /dev first, then the
     read-only binds from the shortest path to the longest (a bind under /tmp or inside another bind stays visible),
-    the links that make the original paths of symlinked ones work, and last the submission's folder, writable, at
-    its own path (so paths in the shared temp folder mean the same file on both sides)."""
+    the links that make the original paths of symlinked ones work, then the submission's folder, writable, at
+    its own path (so paths in the shared temp folder mean the same file on both sides), and last, read-only at its
+    own path, the folder where the grader makes the sockets the subject reaches (``sockets``)."""
     workdir = os.path.realpath(workdir)
     ro: dict[str, None] = {}
     links: dict[str, str] = {}
@@ -97,6 +98,8 @@ def mounts(workdir, tmp_mb: int | None = None) -> list[Mount]:
         if not any(within(link, q) for q in binds):  # inside a bind, the host's own link is already there
             steps.append(Mount("symlink", target, link))
     steps.append(Mount("rw", workdir, workdir))
+    if sockets:
+        steps.append(Mount("ro", sockets, sockets))
     return steps
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import threading
 import warnings
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from lab_utils import processes, settings
 from lab_utils.grading import outcomes
-from lab_utils.grading.boundary import mounts, separate_user
+from lab_utils.grading.boundary import landlock, mounts, network, separate_user
 from lab_utils.grading.boundary.watchdog import Box, Limits, limit_resources
 
 # the variables a subject keeps; everything else (DTLABS_COURSE_ROOT, JUPYTER_*, tokens...) is dropped
@@ -211,33 +212,83 @@ def describe_mounts(workdir, limits: Limits | None = None) -> str:
                      for m in mounts.mounts(workdir, tmp_mb=(limits or Limits()).disk_mb))
 
 
+def sockets_folder(workdir) -> Path:
+    """Where the grader makes the sockets the subject must reach (the relay of counted launches, a counted lock):
+    beside the submission's folder, the grader's, so the subject can connect but neither write there nor put a link
+    or a socket of its own in their place. As the separate user it is the grader's, in that user's group, setgid
+    (2750: sockets made there are 0660 and that group's, ``sockets.socket_mode``); otherwise 0700, and under bubblewrap
+    bound read-only at the same path."""
+    workdir = Path(workdir).resolve()
+    return workdir.with_name(workdir.name + ".sockets")
+
+
+def _private_package(workdir) -> Path:
+    """The subject's private copy of ``lab_utils`` outside bubblewrap: beside the submission's folder, the grader's
+    and read-only to the subject, so nothing the submission shipped (a ``sitecustomize.py``, a ``torch.py``) can sit
+    on the path it starts with."""
+    workdir = Path(workdir)
+    return workdir.with_name(workdir.name + ".pkg")
+
+
+def _grader_folder(path: Path, mode: int, group: int | None = None) -> None:
+    """``path`` made anew as this process's, with ``mode`` and, where given, ``group``: one of ours already there (a
+    subject started again in the same folder) is replaced; anything else there is refused, never taken over."""
+    try:
+        there = os.lstat(path)
+    except FileNotFoundError:
+        there = None
+    if there is not None and stat.S_ISDIR(there.st_mode) and there.st_uid == os.geteuid():
+        shutil.rmtree(path)
+    os.mkdir(path, 0o700)
+    if group is not None:
+        os.chown(path, -1, group)
+    os.chmod(path, mode)
+
+
 def command(argv: list[str], workdir: Path, env: dict, limits: Limits | None = None) -> tuple[list[str], dict, str | None]:
     """(argv to run, environment, cwd) for ``argv`` boxed with bwrap, or prepared to run as the separate user or
     (unprotected) as this one: then in the submission's folder, with a private copy of the package first on its
-    path, so ``lab_utils.__file__`` leads nowhere near the course."""
+    path (``DTLABS_SUBJECT_PKG``, for a subject started with ``-I``; ``PYTHONPATH``, for what it starts), so
+    ``lab_utils.__file__`` leads nowhere near the course. Makes ``sockets_folder(workdir)``."""
     workdir = Path(workdir).resolve()
     mounts.prepare_home(workdir)
     shared_tmp(workdir).mkdir(exist_ok=True)
     bwrap = bwrap_path()
+    box_mode = "bwrap" if bwrap else mode()
+    user = subject_user()[0] if box_mode == "user" else None
+    sockets = sockets_folder(workdir)
+    _grader_folder(sockets, 0o2750 if user else 0o700, user.pw_gid if user else None)
     if bwrap:
         inside = str(workdir)  # the same path on both sides, so paths in the shared temp folder mean the same file
         cmd = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
                "--clearenv"]
-        for step in mounts.mounts(workdir, tmp_mb=(limits or Limits()).disk_mb):
+        for step in mounts.mounts(workdir, tmp_mb=(limits or Limits()).disk_mb, sockets=str(sockets)):
             cmd += step.args()
         cmd += ["--chdir", inside]
         for k, v in _env(inside, env).items():
             cmd += ["--setenv", k, v]
         return cmd + ["--"] + argv, {}, None
     # a private copy of lab_utils first on the path: lab_utils.__file__ then leads nowhere near the course
-    private = workdir / ".dtlabs_pkg"
-    shutil.copytree(mounts.PKG_DIR, private / "lab_utils", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-    if mode() == "user":
+    private = _private_package(workdir)
+    _grader_folder(private, 0o755)
+    shutil.copytree(mounts.PKG_DIR, private / "lab_utils", ignore=shutil.ignore_patterns("__pycache__"))
+    if user:
         separate_user.hand_over(workdir, subject_user_name())
     else:
         warn_unprotected_once()
-    return argv, _env(str(workdir), {**env, "PYTHONPATH": str(private), "PYTHONNOUSERSITE": "1"}), str(workdir)
+    return argv, _env(str(workdir), {**env, "PYTHONPATH": str(private), "DTLABS_SUBJECT_PKG": str(private),
+                                     "PYTHONNOUSERSITE": "1"}), str(workdir)
+
+
+def _enter_boundary(memory_mb: int, landlocked: bool) -> None:  # runs in the child between fork and exec
+    """The child's limits, and outside bubblewrap its Landlock domain: entered here, after the uid change and before
+    ``exec``, so the subject's interpreter starts bound, every thread it will ever have included (a domain binds the
+    thread that enters it and what it starts; exec keeps it). Under bubblewrap the subject enters one itself (a
+    domain here would keep bwrap from mounting)."""
+    limit_resources(memory_mb)
+    if landlocked:
+        landlock.scope_self()
 
 
 def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(), limits: Limits | None = None,
@@ -249,14 +300,17 @@ def start(argv: list[str], workdir: Path, *, env: dict | None = None, pass_fds=(
     box_mode = mode()
     if box_mode != "bwrap":
         processes.become_subreaper()  # orphans of the submission come back to us, so they can be found
+        landlock.abi()  # the C library opened here, not in the child (_enter_boundary)
     as_user, lock = {}, None
     if box_mode == "user":  # no supplementary groups: the subject is its own user and group, nothing more
         entry = subject_user()[0]
         as_user = dict(user=entry.pw_uid, group=entry.pw_gid, extra_groups=[])
         lock = separate_user.one_subject_at_a_time(entry.pw_uid)
+        network.for_grading(entry.pw_uid)  # all but loopback closed to it, once per process (else the grade says so)
     popen = subprocess.Popen(
         cmd, env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), stdin=subprocess.DEVNULL, stdout=stdout,
-        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: limit_resources(limits.memory_mb),
+        stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=lambda: _enter_boundary(limits.memory_mb, landlocked=box_mode != "bwrap"),
         **as_user,
     )
     import psutil

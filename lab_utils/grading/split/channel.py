@@ -16,10 +16,13 @@ from lab_utils.launcher import plaindata, wire
 
 INTERRUPT_GRACE_S = 3.0
 START_TIMEOUT_S = 120  # to start the subject (bubblewrap, Python, torch): the grader's time, never the student's
-# The subject's program: its working directory (the submission's files) off the path before anything is imported, so
-# a shipped torch.py or lab_utils/ cannot replace what the subject starts with (it is put back once the subject is
-# up, for the student's own helper modules, as in JupyterLab).
-SUBJECT_ENTRY = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+# The subject's program, run isolated (``-I``: no PYTHONPATH, no user site, no working directory on the path; ``-u``
+# and ``-B`` for what -I ignores of its environment): nothing of the submission's folder is on the path it starts
+# with, so a shipped sitecustomize.py, torch.py or lab_utils/ is never imported by it; outside bubblewrap the private
+# package (``DTLABS_SUBJECT_PKG``, the grader's, read-only to it) comes first. The submission's folder goes on the path
+# once the subject serves cells, for the student's own helper modules, as in JupyterLab.
+SUBJECT_FLAGS = ("-I", "-u", "-B")
+SUBJECT_ENTRY = ("import os, sys; pkg = os.environ.get('DTLABS_SUBJECT_PKG'); sys.path[:0] = [pkg] if pkg else []; "
                  "from lab_utils.grading.split.subject import main; main(sys.argv[1:])")
 DROPPED_NOTE = "(what the submission's code prints is not shown once hidden tests have run)\n"
 
@@ -63,11 +66,12 @@ class SubjectProcess:
         from lab_utils.grading.boundary import sandbox
 
         self.workdir = Path(workdir)  # the subject's folder, at the same path on both sides
+        self.sockets = sandbox.sockets_folder(workdir)  # where this side makes the sockets the subject reaches
         self.report_path = report_path
         self.output = output if output is not None else CellOutput()
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
-        argv = [sys.executable, "-c", SUBJECT_ENTRY, str(child.fileno())]
+        argv = [sys.executable, *SUBJECT_FLAGS, "-c", SUBJECT_ENTRY, str(child.fileno())]
         if fork_zygote:  # see lab_utils.grading.split.subject.main
             argv.append("--fork-zygote")
         self.box = sandbox.start(argv, workdir, pass_fds=(child.fileno(),), limits=limits, stdout=out_w,

@@ -13,6 +13,7 @@ import tempfile
 import types
 from pathlib import Path
 
+from lab_utils import sockets
 from lab_utils.grading.split import crossing
 from lab_utils.grading.split.channel import CellOutput, SubjectProcess
 
@@ -42,6 +43,10 @@ class GradingSession:
         box_mode = boxes.require(sandbox, user=subject_user)
         if box_mode == "user":  # what this kernel writes in the subject's folder (setgid, its group) stays the
             os.umask(0o002)  # subject's to use
+            note = boxes.network.grade_note(boxes.subject_user()[0].pw_uid)  # the network closed, else said
+            if note and report_path:
+                with open(report_path, "a") as fh:
+                    fh.write(note + "\n")
         elif box_mode == "unprotected" and report_path:  # said on the grade line, from where the subject really ran
             with open(report_path, "a") as fh:
                 fh.write(boxes.UNPROTECTED + "\n")
@@ -57,7 +62,7 @@ class GradingSession:
         import cloudpickle  # noqa: F401 - used by dumps, for every call that crosses
         from IPython.display import publish_display_data  # noqa: F401 - figures from the subject
 
-        from lab_utils.grading.boundary.files import copy_submission
+        from lab_utils.grading.boundary.files import copy_submission, group_mkdtemp
 
         work = Path(tempfile.mkdtemp(prefix="dtlabs-subject-", dir=work_root))
         student_dirs = [str(work)] + ([os.path.realpath(workdir)] if workdir else [])
@@ -80,6 +85,8 @@ class GradingSession:
         # else a submission produced. This kernel stays in its own empty working directory.
         tmp = boxes.shared_tmp(work)
         tmp.mkdir(exist_ok=True)
+        if box_mode == "user":  # a folder a course cell makes here is the subject's group's too, made safely
+            tempfile.mkdtemp = group_mkdtemp(str(work))
         os.environ["TMPDIR"] = str(tmp)
         tempfile.tempdir = str(tmp)
         subject = None
@@ -90,6 +97,7 @@ class GradingSession:
                 import torch  # noqa: F401
             subject.wait_ready()
             subject.box.rebase_caller()  # from here on, what this kernel grows by is what the submission sent it
+            os.environ[sockets.SOCKETS_VAR] = str(subject.sockets)  # a test cell's CountedLock listens there
             self.subject = subject
         except BaseException:  # an interrupt too: a subject that never became ready must not run on (the executor
             if subject is not None:  # reports why: SplitExecute.preprocess_cell)

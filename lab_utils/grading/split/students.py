@@ -63,14 +63,15 @@ class GraderRemote:
 
     def launch(self, fn, world_size, backend, timeout, args, kwargs, *, debug=False, quiet=False, traffic=None):
         """The subject's launcher starts the ranks inside the sandbox. With ``traffic``, the relay that counts
-        their messages runs here, in the grader, listening in the folder the sandbox shares with us."""
+        their messages runs here, in the grader, listening in the folder made for the subject's sockets, which the
+        subject can enter but not write (``sandbox.sockets_folder``)."""
         from lab_utils.launcher.group import validate
 
         validate(fn, world_size, timeout)
         subject = self.session.running()
         payload = self.session.dumps((fn, tuple(args), dict(kwargs or {})))
         options = {"world_size": world_size, "backend": backend, "timeout": timeout, "debug": debug, "quiet": quiet}
-        relay = traffic.start(world_size, directory=str(subject.workdir)) if traffic is not None else None
+        relay = traffic.start(world_size, directory=str(subject.sockets)) if traffic is not None else None
         if relay is not None:
             options["relay"] = relay.address
         try:

@@ -215,7 +215,8 @@ def main(argv: list[str]) -> None:
     sys.stderr = sys.stdout  # one stream back to the grader (a stderr line would fail a graded cell)
     os.dup2(1, 2)
     # Before anything of the submission's runs, and before the rank server is forked (it inherits the domain): no
-    # process of this submission may trace, signal or reach the grader's (landlock). Where the kernel has no Landlock
+    # process of this submission may trace, signal or reach the grader's (landlock). Outside bubblewrap this process
+    # was started in a domain already (sandbox._enter_boundary), and this one nests in it. Where the kernel has no Landlock
     # the other boundaries stand alone: bubblewrap's pid namespace, the separate user; unprotected grading says on
     # every grade that it has none.
     from lab_utils.grading.boundary import landlock

@@ -109,7 +109,52 @@ def test_the_fallback_runs_in_the_submission_folder_with_a_private_copy_of_the_p
                        tmp_path, {})
     cwd, pkg = out.split()
     assert code == 0 and Path(cwd) == tmp_path.resolve()
-    assert Path(pkg).is_relative_to(tmp_path.resolve()), "the fallback's lab_utils should be the private copy"
+    private = sandbox._private_package(tmp_path)
+    assert Path(pkg).is_relative_to(private), "the fallback's lab_utils should be the private copy"
+    assert not private.is_relative_to(tmp_path.resolve()), "the private copy must lie outside the submission's folder"
+
+
+SHIPPED = ("sitecustomize.py", "usercustomize.py", "torch.py", "cloudpickle.py", ".dtlabs_pkg/sitecustomize.py",
+           ".dtlabs_pkg/lab_utils/__init__.py", "lab_utils/__init__.py")
+
+
+@pytest.mark.parametrize("mode", ["off", "auto"])
+def test_nothing_the_submission_shipped_runs_when_the_subject_starts(mode, monkeypatch, tmp_path):
+    """The subject's interpreter starts isolated (``channel.SUBJECT_FLAGS``) with the private package first: a
+    sitecustomize.py, a torch.py, a lab_utils/ beside the notebook or in the folder the private package once had
+    (``.dtlabs_pkg``, on PYTHONPATH) are never imported by it. Each would write a marker file."""
+    from lab_utils.grading.split import channel
+
+    monkeypatch.setenv("DTLABS_SANDBOX", mode)
+    for rel in SHIPPED:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"open({str(tmp_path / 'RAN')!r}, 'a').write({rel!r} + '\\n')\n")
+    start = channel.SUBJECT_ENTRY.split("from lab_utils")[0]
+    probe = start + "import lab_utils, torch, cloudpickle; print(lab_utils.__file__, torch.__file__)"
+    code, out = _boxed([sys.executable, *channel.SUBJECT_FLAGS, "-c", probe], tmp_path, {})
+    assert code == 0, out
+    assert not (tmp_path / "RAN").exists(), f"shipped files ran at the subject's start: {(tmp_path / 'RAN').read_text()}"
+    assert not any(Path(p).is_relative_to(tmp_path.resolve()) for p in out.split()), out
+
+
+@pytest.mark.skipif(sandbox.landlock.abi().version < 6, reason="Landlock's signal scoping needs ABI 6 (Linux 6.12)")
+def test_outside_bubblewrap_every_thread_of_the_subject_is_in_its_landlock_domain_from_its_first_instruction(
+        monkeypatch, tmp_path):
+    """Landlock binds the thread that enters a domain and what it starts afterwards. The subject enters it between
+    fork and exec, so a thread started by the first line the subject runs (or by a shipped sitecustomize, were one
+    imported) is bound too: it cannot signal the grader (a process outside the domain)."""
+    monkeypatch.setenv("DTLABS_SANDBOX", "off")
+    probe = ("import os, sys, threading\n"
+             "def poke(out):\n"
+             "    try:\n"
+             "        os.kill(int(sys.argv[1]), 0); out.append('reached')\n"
+             "    except PermissionError:\n"
+             "        out.append('refused')\n"
+             "main, thread = [], []\n"
+             "t = threading.Thread(target=poke, args=(thread,)); t.start(); t.join(); poke(main)\n"
+             "print(main[0], thread[0])\n")
+    code, out = _boxed([sys.executable, "-I", "-c", probe, str(os.getpid())], tmp_path, {})
+    assert code == 0 and out.split() == ["refused", "refused"], out
 
 
 def test_requiring_bubblewrap_where_it_cannot_run_says_why(monkeypatch):
@@ -232,3 +277,25 @@ def test_a_file_gone_while_the_disk_is_measured_hides_nothing_else_of_its_folder
 
     monkeypatch.setattr(watchdog.os, "scandir", Listing)
     assert watchdog.folder_bytes(tmp_path, stop_at=1 << 20) > 1 << 20
+
+
+def test_a_folder_the_grader_makes_for_the_separate_user_never_follows_a_link(tmp_path):
+    """As the separate user the grader's kernel (root) makes folders in the subject's own folder for its ranks (a
+    checkpoint folder): group-shared, and made on descriptors, so a link the subject put on the way is refused
+    instead of followed (a chmod through it once made root open a root-only file to the subject)."""
+    from lab_utils.grading.boundary.files import group_mkdtemp
+
+    subject, victim = tmp_path / "subject", tmp_path / "victim"
+    (subject / ".tmp").mkdir(parents=True)
+    victim.mkdir(mode=0o700)
+    mkdtemp = group_mkdtemp(str(subject))
+    made = Path(mkdtemp(prefix="lab03-", dir=str(subject / ".tmp")))
+    assert made.parent == subject / ".tmp" and made.name.startswith("lab03-")
+    assert made.stat().st_mode & 0o7777 == 0o2770
+    (subject / ".tmp").rename(subject / "moved")
+    (subject / ".tmp").symlink_to(victim)  # the subject swaps its temp folder for a link to a folder of root's
+    with pytest.raises(OSError):
+        mkdtemp(dir=str(subject / ".tmp"))
+    assert victim.stat().st_mode & 0o7777 == 0o700 and not list(victim.iterdir()), "a link was followed"
+    outside = Path(mkdtemp(dir=str(tmp_path)))  # elsewhere: mkdtemp's own folder, this user's alone
+    assert outside.stat().st_mode & 0o7777 == 0o700

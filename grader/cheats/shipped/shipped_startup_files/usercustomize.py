@@ -1,0 +1,1 @@
+sitecustomize.py
