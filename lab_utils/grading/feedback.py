@@ -7,11 +7,17 @@ IPython traceback prints the failing source line; an answer cell may print what 
 AUTHORING.md asks to be written for the student. A cell with hidden tests shows that message and nothing else: no
 prints or figures (what the student's code printed under a hidden call could spell out its arguments; the grader
 kernel already drops them, ``split/``, and feedback drops them again for any notebook that still holds them).
+
+The page itself is ``FeedbackPage``: nbgrader's, with a Content-Security-Policy that runs no script (``boundary/inert.py``).
 """
 from __future__ import annotations
 
+import re
+
+from nbconvert.exporters import HTMLExporter
 from nbgrader.preprocessors import ClearHiddenTests
 
+from lab_utils.grading.boundary.inert import FEEDBACK_POLICY
 from lab_utils.grading.course import HIDDEN_MARKERS, split_hidden
 
 
@@ -70,3 +76,16 @@ class HideHiddenTests(ClearHiddenTests):
                     if isinstance(data.get(mime), str):
                         data[mime] = redact(data[mime], hidden)
         return cell, resources
+
+
+class FeedbackPage(HTMLExporter):
+    """nbgrader's feedback page (``GenerateFeedback.exporter_class``) with ``FEEDBACK_POLICY`` as a meta tag first in
+    its head, before anything it could apply to: a file opened from disk or a release has no server to send a header.
+    Whatever of the submission slipped past ``InertNotebook`` still runs no script and fetches no remote image."""
+
+    def from_notebook_node(self, nb, resources=None, **kw):
+        page, resources = super().from_notebook_node(nb, resources, **kw)
+        meta = f'<meta http-equiv="Content-Security-Policy" content="{FEEDBACK_POLICY}">'
+        head = re.search(r"<head\b[^>]*>", page, re.I)
+        at = head.end() if head else 0  # no head: first in the document, where the parser opens one for it
+        return page[:at] + "\n" + meta + page[at:], resources

