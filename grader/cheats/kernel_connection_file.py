@@ -3,9 +3,9 @@
 #   test cells turn into `pass`
 # defended-by: sandbox
 #   (with bubblewrap the kernel is out of sight and /tmp is private; as the separate user the file is another user's;
-#   unprotected, the grader kernel removes its connection file before the subject starts, and the subject's Landlock
-#   domain (Linux 6.12+) cannot connect to the kernel's abstract sockets. Without either, this scored 2 of 2 on test_add
-#   under the honest wrong answer. The payload acts only in processes that carry this grading's DTLABS_TEST_TOKEN)
+#   unprotected, the grader kernel removes its connection file before the subject starts, so the key that signs a
+#   message is gone; the kernel's socket files are then the submission's own user's, but nothing sent there unsigned
+#   runs. Without the removal, this scored 2 of 2 on test_add under the honest wrong answer. The payload acts only in processes that carry this grading's DTLABS_TEST_TOKEN)
 import json
 import os
 

@@ -26,7 +26,7 @@ import nbformat
 import psutil
 import pytest
 
-from deploy_helpers import APART, COURSE_PARENT, TEACHER, TIMINGS, run_as, teacher_env
+from deploy_helpers import APART, COURSE_PARENT, TEACHER, TIMINGS, copy_course, run_as, teacher_env
 
 from lab_utils import grading
 from lab_utils.grading.boundary import separate_user
@@ -140,6 +140,33 @@ def test_root_grades_the_cheat_corpus_as_the_separate_user(course):
     assert not cheat_corpus.PWNED.exists(), "a hostile return value ran code in the grader"
     left = subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the separate user outlived grading: {left}"
+
+
+RELAY_LABS = ("01_ddp_setup", "03_fsdp_zero", "05_multi_node", "07_model_parallel", "08_comm_efficiency",
+              "09_async_elastic")  # the labs whose tests count what the ranks send (the relay) or a lock's grants
+
+
+@pytest.mark.timeout(1500)
+def test_root_grades_every_relay_lab_as_the_separate_user_at_full_marks(course):
+    """The relay and the counted lock listen in the grader kernel (root) and the subject's ranks (the separate user)
+    connect to them: in the folder the grader makes for the subject's sockets, root's, in that user's group. With the
+    sockets root's alone, the subject's ranks were refused and Lab 01's solution scored 7 of 10. ``dtlabs doctor
+    --grading`` grades each lab's solution and empty release as a class would be graded, here the real labs of a
+    clone closed to that user by ``--fix``."""
+    root = COURSE_PARENT / "boundary labs" / "course"
+    shutil.rmtree(root.parent, ignore_errors=True)
+    copy_course(root, TEACHER)
+    os.chmod(root.parent, 0o755)
+    env = _root_env(course, DTLABS_TEST_TOKEN=uuid.uuid4().hex)
+    t0 = time.monotonic()
+    doctor = subprocess.run(_refusing(course, "dtlabs", "doctor", "--grading", *RELAY_LABS, "--fix", "--course-root",
+                                      root), env=env, capture_output=True, text=True, timeout=1400)
+    TIMINGS["no namespaces: the six relay labs' canaries as the separate user"] = time.monotonic() - t0
+    out = doctor.stdout + doctor.stderr
+    assert "boundary    user" in out, out
+    for lab in RELAY_LABS:
+        assert f"{lab}: can be graded here (solution " in out, f"{lab} cannot be graded as the separate user:\n{out}"
+    assert not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
 
 
 def _subject_folders() -> set:

@@ -80,12 +80,12 @@ def _heard_by_another_user(manager_class, tmp_path) -> dict:
     if os.geteuid() != 0 or not system_python:
         pytest.skip("needs root (to run a process as nobody) and /usr/bin/python3 (a Python nobody can run)")
     secret = f"dtlabs-secret-{secrets.token_hex(8)}"
-    code = f"import time\nfor _ in range(30):\n    print({secret!r}, flush=True)\n    time.sleep(0.2)\n"
+    code = f"import time\nfor _ in range(30):\n    print({secret!r}, flush=True)\n    time.sleep(0.1)\n"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
     listener = {}
 
     def on_cell_execute(cell, cell_index):
-        listener["proc"] = subprocess.Popen([system_python, "-I", "-c", EAVESDROP.read_text(), "4", secret], user=65534,
+        listener["proc"] = subprocess.Popen([system_python, "-I", "-c", EAVESDROP.read_text(), "2", secret], user=65534,
                                             group=65534, extra_groups=[], cwd="/", stdout=subprocess.PIPE, text=True)
 
     client = NotebookClient(nb, timeout=120, kernel_name="python3", kernel_manager_class=manager_class,
