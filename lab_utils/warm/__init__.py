@@ -279,6 +279,14 @@ def shared_env(env: dict) -> dict:
     return {ADDRESS_VAR: server.named}
 
 
+def own_processes() -> set:
+    """The pids of this process's warm servers and of all they forked: this process's descendants that are none of a
+    submission's (a grading's watchdog counts and kills every other descendant of its process, orphans included)."""
+    with _LOCK:
+        servers = [s.proc.pid for s in _SERVERS.values() if s.proc.poll() is None]
+    return {*servers, *(p.pid for pid in servers for p in processes.descendants(pid))}
+
+
 def stop_servers(kind: Kind) -> None:
     """Stop this process's servers of ``kind`` (and so all they forked); the next request starts a new one."""
     with _LOCK:

@@ -69,6 +69,31 @@ def _memory(procs, kind: str) -> int:
     return total
 
 
+def reap_adopted(keep=()) -> int:
+    """Reap this process's ended children of another session than its own, but ``keep`` (the box's own process,
+    which its ``Popen`` reaps): the orphans it adopted as a subreaper. A submission that forks and exits in a loop (a
+    hopper) leaves one such zombie per hop; unreaped they took every pid of the machine (kernel.pid_max), and every
+    later fork or thread there failed. Returns how many were reaped."""
+    me, session, reaped = os.getpid(), os.getsid(0), 0
+    for tid in os.listdir(f"/proc/{me}/task"):
+        try:
+            with open(f"/proc/{me}/task/{tid}/children") as fh:
+                kids = [int(x) for x in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+        for pid in kids:
+            if pid in keep:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    fields = fh.read().rpartition(b")")[2].split()  # state, ppid, pgrp, session, ...
+                if fields[0] == b"Z" and int(fields[3]) != session and os.waitpid(pid, os.WNOHANG)[0]:
+                    reaped += 1
+            except (OSError, ValueError, IndexError):
+                continue
+    return reaped
+
+
 def limit_resources(memory_mb: int) -> None:  # runs in the child between fork and exec
     import resource
 
@@ -183,11 +208,24 @@ class Box:
                 self.cgroup = None
 
     def members(self) -> list:
-        return processes.tree(self.popen.pid, include_orphans=self.mode != "bwrap")
+        return self._tree()
+
+    def _tree(self) -> list:
+        """The submission's processes: the box's tree, and outside bubblewrap every other descendant of this process
+        (the orphans it adopted as a subreaper), but this process's own warm servers and what they forked."""
+        found = processes.tree(self.popen.pid, include_orphans=self.mode != "bwrap")
+        if self.mode == "bwrap":
+            return found
+        from lab_utils import warm
+
+        ours = warm.own_processes()
+        return [p for p in found if p.pid not in ours]
 
     def _watch(self) -> None:
         polls = 0
         while not self._stop.wait(self.limits.poll_s):
+            if self.mode != "bwrap":  # outside bubblewrap this process adopts the submission's orphans
+                reap_adopted(keep=(self.popen.pid,))
             if self.popen.poll() is not None:
                 return
             polls += 1
@@ -245,8 +283,7 @@ class Box:
                 self.cgroup.kill()
             if self.lock is not None:  # whatever of the separate user runs is this submission's
                 separate_user.kill_user(self.uid)
-            processes.kill_until_none(lambda: processes.tree(self.popen.pid, include_orphans=True),
-                                      "the submission's processes")
+            processes.kill_until_none(self._tree, "the submission's processes")
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -262,6 +299,8 @@ class Box:
             if self.lock is not None:
                 separate_user.end_user(self.uid)
         finally:
+            if self.mode != "bwrap":
+                reap_adopted(keep=(self.popen.pid,))
             if self.cgroup is not None:
                 self.cgroup.remove()
             if self.lock is not None:
