@@ -212,10 +212,12 @@ class Box:
 
     def _tree(self) -> list:
         """The submission's processes: the box's tree, and outside bubblewrap every other descendant of this process
-        (the orphans it adopted as a subreaper), but this process's own warm servers and what they forked."""
-        found = processes.tree(self.popen.pid, include_orphans=self.mode != "bwrap")
+        (the orphans it adopted as a subreaper, those that ended reaped first), but this process's own warm servers and
+        what they forked."""
         if self.mode == "bwrap":
-            return found
+            return processes.tree(self.popen.pid)
+        reap_adopted(keep=(self.popen.pid,))  # first: a scan while hoppers fork would otherwise pile up their zombies
+        found = processes.tree(self.popen.pid, include_orphans=True)
         from lab_utils import warm
 
         ours = warm.own_processes()
