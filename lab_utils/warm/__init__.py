@@ -85,6 +85,14 @@ START_TIMEOUT_S = 120.0
 FORK_TIMEOUT_S = 60.0  # a first request waits for the server's imports too
 
 
+def socket_parent() -> str:
+    """Where servers make their socket folders: the user's runtime folder (``XDG_RUNTIME_DIR``, the place for a
+    user's sockets), else /tmp; not the temp folder a command or a test points ``TMPDIR`` at, which a server outlives
+    (each removes its folder when it exits; one killed outright, the next server's start does)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    return runtime if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK) else "/tmp"
+
+
 def import_key(env: dict, executable: str = sys.executable) -> str:
     """What must match between a kernel's environment and its server's: the interpreter and ``KEY_VARS``."""
     items = {k: v for k, v in env.items() if k in KEY_VARS or k.startswith(KEY_PREFIXES)}
@@ -108,8 +116,8 @@ class Server:
         # A socket file in a folder of this user's alone (0700), never an abstract name, which any local user can
         # connect to. The folder is named for this process: its ``stop`` removes it, or where this process was killed,
         # the next server's start does.
-        tempdirs.remove_orphaned_tempdirs(FOLDER_PREFIX)
-        self.folder = tempdirs.owned_tempdir(FOLDER_PREFIX, tag=kind.name)
+        tempdirs.remove_orphaned_tempdirs(FOLDER_PREFIX, [socket_parent()])
+        self.folder = tempdirs.owned_tempdir(FOLDER_PREFIX, tag=kind.name, dir=socket_parent())
         self.address = os.path.join(self.folder, "server")
         self.key = import_key(env, executable)
         # bound here, so a request made before the server is up waits in the backlog
@@ -123,8 +131,8 @@ class Server:
             # -P -s: nothing before sys.path, no user site; a kernel's own path is set when it is forked (_become)
             self.proc = subprocess.Popen(
                 [executable, "-P", "-s", "-c", "import sys; from lab_utils.warm.forked import serve; "
-                 "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])", *map(str, fds),
-                 json.dumps(dataclasses.asdict(kind)), "#" * ARG_ROOM],
+                 "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])", *map(str, fds),
+                 json.dumps(dataclasses.asdict(kind)), self.folder, "#" * ARG_ROOM],
                 pass_fds=fds, cwd="/", env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, start_new_session=True)
         finally:

@@ -22,9 +22,10 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def serve(ctl_fd: int, listen_fd: int, kind_json: str) -> None:
+def serve(ctl_fd: int, listen_fd: int, kind_json: str, folder: str | None = None) -> None:
     """The server: import the kind's preload, say so on the control socket, then fork a child per request; exits,
-    killing its children, when the control socket closes (the process that started it is gone)."""
+    killing its children and removing its socket's ``folder``, when the control socket closes (the process that
+    started it is gone)."""
     import selectors
 
     fields = json.loads(kind_json)
@@ -68,6 +69,10 @@ def serve(ctl_fd: int, listen_fd: int, kind_json: str) -> None:
                 if not ctl.recv(1):
                     for pid in kids:
                         processes.killpg_quiet(pid)
+                    if folder:
+                        import shutil
+
+                        shutil.rmtree(folder, ignore_errors=True)
                     os._exit(0)
             elif sk.data == "listen":
                 try:

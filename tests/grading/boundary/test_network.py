@@ -28,6 +28,9 @@ import pytest
 from lab_utils.grading import outcomes
 from lab_utils.grading.boundary import network
 
+# one worker for the whole file: its namespace's addresses and the firewall's tables are the machine's, and two tests
+# at once on two workers (the nft and iptables cases) took each other's rules away
+pytestmark = pytest.mark.xdist_group("firewall")
 UID = 64213  # the probes' uid; UID + 1: a neighbour the rule must leave alone
 NS = f"dtl-net-test-{os.getpid()}"
 HOST_IF, NS_IF = f"dtlh{os.getpid() % 100000}", f"dtln{os.getpid() % 100000}"
