@@ -109,6 +109,11 @@ class DTLabs(Configurable):
         True, help="Let the launcher's fork server import the distributed stack (DDP, FSDP, DTensor, profiler) while "
                    "idle, so later launches start warm. Off: less memory, slower first launches of that code."
     ).tag(config=True, env="DTLABS_WARM_IMPORTS")
+    private_network = Bool(
+        True, help="Give a notebook's ranks a network namespace of their own where the machine lets an ordinary user "
+                   "make one: their rendezvous and collectives listen on a loopback no other user's process can "
+                   "reach (a classmate on the same hub). Off: ranks listen on the machine's loopback."
+    ).tag(config=True, env="DTLABS_PRIVATE_NETWORK")
     warm_torchrun = Bool(
         True, help="Fork the torchrun agents that lab_utils.labkit.torchrun starts (Labs 05 and 09), and their "
                    "workers, from servers in the notebook's process that have imported torch once (about a "

@@ -2,8 +2,9 @@
 
 ``RankGroup`` is the one object behind every way the launcher runs ranks: ``launch`` starts a group for one job and
 closes it; ``%%distributed`` (``magic``) keeps a group of persistent ranks open and sends it one cell at a time.
-It owns the rendezvous (a ``TCPStore`` this process hosts on port 0, so notebooks on one machine never race for a
-port), the ranks' pipes and their reader threads, and the supervision loop: output is printed as it arrives, on
+It owns the rendezvous (a ``TCPStore`` on port 0 of the ranks' network, hosted by a process the zygote forks, so
+notebooks on one machine never race for a port and, where the ranks have a network of their own, no other user
+reaches it), the ranks' pipes and their reader threads, and the supervision loop: output is printed as it arrives, on
 the calling thread (ipykernel routes output from background threads unreliably), results are collected in rank
 order, and a failure or a timeout becomes the error ``diagnostics`` words.
 """
@@ -82,22 +83,17 @@ class RankGroup:
     def __init__(self, world_size: int, backend: str = "auto", timeout: float | None = 120, *, payload: bytes,
                  debug: bool = False, persistent: bool = False, store_timeout: float | None = None,
                  env: dict | None = None, relay=None):
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
         self.world_size, self.timeout, self.debug = world_size, timeout, debug
         choice = choose_backend(world_size, backend)
         self.backend, self.reason = choice.backend, choice.reason
         if relay is not None:
             self.backend, self.reason = relay.BACKEND, f"{relay.BACKEND}: every message counted by the launcher"
         store_timeout = store_timeout or (timeout if timeout is not None else 3600)
-        self.store = dist.TCPStore(MASTER_ADDR, 0, world_size=None, is_master=True,
-                                   timeout=timedelta(seconds=3600), wait_for_workers=False)
+        self.store_hold: int | None = None  # the rendezvous lives until this descriptor is closed
         threads = threads_per_rank(world_size)
         job = dict(
             payload=payload, world_size=world_size, backend=self.backend, master_addr=MASTER_ADDR,
-            master_port=self.store.port, cwd=os.getcwd(), sys_path=list(sys.path), threads=threads, debug=debug,
+            master_port=None, cwd=os.getcwd(), sys_path=list(sys.path), threads=threads, debug=debug,
             persistent=persistent, store_timeout=store_timeout,
             # the process group's own timeout fires after ours, so the student sees our stack dump
             pg_timeout=(timeout + 60) if timeout is not None else 1800,
@@ -117,12 +113,24 @@ class RankGroup:
             self.zygote_warm = z.warm
             z.events = self.events
             try:
+                job["master_port"] = self._store(z)
                 self._start(z, lambda r: {**job, "rank": r, "env": {
-                    **rank_env(r, world_size, self.store.port, threads, self.backend), **(env or {})}})
+                    **rank_env(r, world_size, job["master_port"], threads, self.backend), **(env or {})}})
             finally:
                 z.events = None
 
     # ---------------------------------------------------------------------------------------------- start/stop
+    def _store(self, z) -> int:
+        """Start this launch's rendezvous on the ranks' network; its port."""
+        hold_r, self.store_hold = os.pipe()
+        try:
+            return z.store(hold_r)
+        except (OSError, queue.Empty) as exc:
+            self.close()
+            raise diagnostics.LaunchError(f"the rendezvous for the ranks did not start: {exc}") from None
+        finally:
+            os.close(hold_r)
+
     def _start(self, z, make_job) -> None:
         """Fork the ranks, send each its job, start its readers; on any error kill the ranks already forked."""
         import cloudpickle
@@ -173,7 +181,9 @@ class RankGroup:
                     os.close(fd)
                 except OSError:
                     pass
-        self.store = None
+        if self.store_hold is not None:
+            os.close(self.store_hold)  # the rendezvous's process sees the end and exits
+            self.store_hold = None
 
     # ---------------------------------------------------------------------------------------------- requests
     def targets(self, ranks=None) -> list[Rank]:

@@ -2,8 +2,9 @@
 
 A rank is forked by the zygote (``zygote``) and wired to its launcher through four descriptors: the job frames on
 fd 0 (cloudpickled), stdout and stderr as line-buffered pipes, and one result frame per job on ``RESULT_FD``. It
-joins the process group the launcher's ``TCPStore`` rendezvous names, with torchrun's environment, calls the job's
-function and sends back ``("ok", value)`` or ``("error", description)``.
+joins the process group the launch's ``TCPStore`` rendezvous names, with torchrun's environment, calls the job's
+function and sends back ``("ok", value)`` or ``("error", description)``. The rendezvous is hosted on the ranks'
+network by another process the zygote forks for the launch (``keep_store``).
 """
 from __future__ import annotations
 
@@ -48,6 +49,27 @@ def rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: in
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def keep_store(listener, hold_r: int, zygote_pid: int) -> None:
+    """Host a launch's rendezvous: a ``TCPStore`` on ``listener`` (bound in the ranks' network, where the launcher's
+    process cannot listen) until ``hold_r`` reaches its end (the launch closed, or its launcher died)."""
+    from datetime import timedelta
+
+    os.setsid()
+    processes.set_name("dtlabs-store")
+    processes.die_with_parent(zygote_pid, watch_s=0.5)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import torch.distributed as dist
+
+    port = listener.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, world_size=None, is_master=True, timeout=timedelta(hours=1),
+                          wait_for_workers=False, master_listen_fd=listener.detach())
+    while os.read(hold_r, 1):
+        pass
+    del store
+    os._exit(0)
 
 
 def run_rank() -> int:

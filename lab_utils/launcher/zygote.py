@@ -11,10 +11,16 @@ imports torch anyway (the grading subject), a fork of it (``fork_zygote``).
 Both sides of its protocol live here (one Unix socket, JSON frames, see ``wire``):
   launcher -> zygote  {"op": "fork", "rank": k}  + fds [job_r, out_w, err_w, result_w]
   zygote -> launcher  {"op": "forked", "rank": k, "pid": p}
+  launcher -> zygote  {"op": "store"}  + fds [hold_r]
+  zygote -> launcher  {"op": "store", "pid": p, "port": n}     (a launch's rendezvous, up until hold_r ends)
   zygote -> launcher  {"op": "exit", "pid": p, "status": s}   (waitpid status, signal as -signum)
-  zygote -> launcher  {"op": "ready", "modules": [...]}        (torch imported: forks can start)
+  zygote -> launcher  {"op": "ready", "modules": [...], "network": why}  (torch imported: forks can start)
   zygote -> launcher  {"op": "warm"}                           (every WARM_IMPORTS module imported)
 What a forked rank then does is ``worker``'s.
+
+The ranks' network is the zygote's: it enters a network namespace of its own first where the machine allows
+(``netns``), and each launch's ``TCPStore`` rendezvous is hosted in it, by a process the zygote forks for the
+launch (``worker.keep_store``), so no other user's process can reach a rank's port.
 
 Nothing survives: the zygote is the child subreaper of everything under it, kills what a rank started when the
 rank ends (a rank marks its environment with ``RANK_MARK``), dies with its launcher (``PR_SET_PDEATHSIG`` plus a
@@ -33,10 +39,10 @@ import subprocess
 import sys
 import threading
 
-from lab_utils import processes, settings
+from lab_utils import netns, processes, settings
 from lab_utils.launcher import wire
 from lab_utils.launcher.events import Exit
-from lab_utils.launcher.worker import RANK_MARK, rank_after_fork
+from lab_utils.launcher.worker import RANK_MARK, keep_store, rank_after_fork
 
 # Imported right away (a cold launch waits for these) ...
 CORE_IMPORTS = ["torch", "torch.distributed", "cloudpickle"]
@@ -84,6 +90,7 @@ class Zygote:
         self.sock = parent_sock
         self.owner_pid = os.getpid()
         self.ready = threading.Event()
+        self.network = "unknown: the fork server has not started"  # netns.enter's answer, from the zygote
         self.warm = threading.Event()
         self.forked: queue.SimpleQueue = queue.SimpleQueue()  # as RankGroup.events: safe to interrupt a get
         self.events: queue.SimpleQueue | None = None  # the running launch's event queue
@@ -100,9 +107,12 @@ class Zygote:
                     break
                 op = msg["op"]
                 if op == "ready":
+                    self.network = msg.get("network", self.network)
                     self.ready.set()
                 elif op == "warm":
                     self.warm.set()
+                elif op == "store":
+                    self.forked.put(msg)
                 elif op == "forked":
                     # an exit notice must reach the launch that forked the pid, never a later one
                     self.pid_owner[msg["pid"]] = (self.events, msg["rank"])
@@ -123,6 +133,15 @@ class Zygote:
     def fork(self, rank: int, fds) -> None:
         with self.send_lock:
             wire.send_json(self.sock, {"op": "fork", "rank": rank}, fds=fds)
+
+    def store(self, hold_r: int) -> int:
+        """A rendezvous store on the ranks' network, up until ``hold_r``'s other end is closed: its port."""
+        with self.send_lock:
+            wire.send_json(self.sock, {"op": "store"}, fds=[hold_r])
+        msg = self.forked.get(timeout=120)
+        if msg is None or msg.get("op") != "store":
+            raise OSError("the launcher's fork server died before the rendezvous was up; run it again")
+        return msg["port"]
 
     def stop(self):
         """SIGTERM first: the zygote kills every process under it (ranks and whatever they started), then exits."""
@@ -196,6 +215,10 @@ atexit.register(shutdown)
 # ------------------------------------------------------------------------------------- the zygote's side
 def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     """The zygote's life: import torch, then warm up while serving forks until the launcher goes."""
+    # first, while nothing else runs: every process forked from here on shares its network
+    network = netns.enter() if settings.load().private_network else "shared: c.DTLabs.private_network is off"
+    if network == netns.PRIVATE:  # read once, by the import of torch below, for every rank forked from here
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", netns.LOG_LEVEL)
     gc.disable()  # a fork server: no collection over what it imports (30 % of torch's import); ranks turn it on
     import psutil  # noqa: F401 - before the SIGTERM handler can run: it kills with psutil, mid-import would fail
     processes.set_name("dtlabs-zygote")
@@ -208,24 +231,28 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
     sock = socket.socket(fileno=sock_fd)
     for name in CORE_IMPORTS:
         __import__(name)
-    wire.send_json(sock, {"op": "ready", "modules": CORE_IMPORTS})
+    wire.send_json(sock, {"op": "ready", "modules": CORE_IMPORTS, "network": network})
     pending_imports = list(WARM_IMPORTS) if settings.load().warm_imports else []
     if not pending_imports:
         wire.send_json(sock, {"op": "warm"})
     children: set[int] = set()
+    stores: set[int] = set()  # processes hosting a launch's rendezvous (reaped silently)
     try:
         while True:
             # Reap exited ranks and report their status (the launcher cannot waitpid on our children).
             # Adopted orphans are reaped here too, silently.
             rank_ended = False
             for pid, code in processes.reap_children():
+                if pid in stores:
+                    stores.discard(pid)
+                    rank_ended = True
                 if pid not in children:
                     continue
                 children.discard(pid)
                 rank_ended = True
                 wire.send_json(sock, {"op": "exit", "pid": pid, "status": code})
             if rank_ended:
-                _kill_orphans(children)
+                _kill_orphans(children | stores)
             if os.getppid() != launcher_pid:
                 break
             timeout = 0.0 if pending_imports else 0.05
@@ -245,6 +272,9 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
             msg, fds = wire.recv_json(sock, maxfds=4)
             if msg is None:
                 break
+            if msg.get("op") == "store":
+                stores.add(_fork_store(sock, fds[0]))
+                continue
             if msg.get("op") == "fork":
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -261,9 +291,28 @@ def zygote_main(sock_fd: int, launcher_pid: int) -> None:
             elif msg.get("op") == "stop":
                 break
     finally:
-        for pid in children:
+        for pid in children | stores:
             processes.killpg_quiet(pid)
         processes.kill_descendants()
+
+
+def _fork_store(sock, hold_r: int) -> int:
+    """Fork the process that hosts one launch's rendezvous on a port of this network; tell the launcher the port."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        sock.close()
+        keep_store(listener, hold_r, zygote_pid=os.getppid())
+        os._exit(0)  # not reached
+    listener.close()
+    os.close(hold_r)
+    wire.send_json(sock, {"op": "store", "pid": pid, "port": port})
+    return pid
 
 
 def _exit_with_descendants(signum, frame):

@@ -129,3 +129,35 @@ def _alive(pid):
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def all_reduce_then_hold(flag: str, value: float):
+    """All-reduce ``value`` (a secret the test looks for), then wait until ``flag`` exists: the group, its store and
+    gloo's pairs stay up while the test looks at them from outside. Returns the sum and this rank's network."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((4,), value)
+    dist.all_reduce(t)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dist.barrier()  # the group still works after whatever the test tried
+    return t.tolist(), os.readlink("/proc/self/ns/net")
+
+
+def wait_for_ranks(n: int, timeout: float = 60.0) -> list:
+    """The pids of this process's ``n`` rank processes (its descendants named dtlabs-rank*), once all are up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ranks = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if p.name().startswith("dtlabs-rank") and p.status() != psutil.STATUS_ZOMBIE:
+                    ranks.append(p.pid)
+            except psutil.Error:
+                pass
+        if len(ranks) >= n:
+            return ranks
+        time.sleep(0.1)
+    raise TimeoutError(f"{n} ranks did not start in {timeout:.0f} s")
