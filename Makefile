@@ -30,7 +30,7 @@ PIP        := retry() { n=1; until "$$@"; do if [ $$n -ge $(PIP_TRIES) ]; then e
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml jupyter-config/jupyter_server_config.d/dtlabs-kernels.json
 	$(PYTHON) -m venv $(VENV)
 	@$(PIP) install -q --upgrade pip
 	@$(PIP) install -q --no-compile "$(TORCH_SPEC)"
@@ -49,6 +49,10 @@ $(VENV)/.installed: pyproject.toml
 	else echo "Lab 11's kernels not installed (KERNELS=$(KERNELS), or no Triton wheels for this platform): its kernel cells will say so"; fi; \
 	echo "$(PY) -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e \".[$$extras]\""; \
 	$(PIP) install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[$$extras]"
+	@# The server config that enables lab_utils/launcher/kernel_channels.py (JupyterLab's kernels on Unix sockets only
+	@# their user can reach), where `pip install .` puts it: setuptools leaves data files out of an editable install.
+	install -D -m 644 jupyter-config/jupyter_server_config.d/dtlabs-kernels.json \
+		$(VENV)/etc/jupyter/jupyter_server_config.d/dtlabs-kernels.json
 	@# Bytecode on every core at once (pip compiles on one), but not for the packages' own test suites (a sixth of
 	@# the files; nothing here imports them). A file that does not compile is not an error here, as under pip:
 	@# Python reads its source.

@@ -63,7 +63,8 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_the_wheel_holds_every_module_and_the_default_nbgrader_config(tmp_path):
-    """`pip install .` must be able to grade: every subpackage of lab_utils and its package data are in the wheel."""
+    """`pip install .` must be able to grade: every subpackage of lab_utils and its package data are in the wheel, and
+    the server config that keeps JupyterLab's kernels private."""
     import shutil
     import zipfile
 
@@ -71,6 +72,7 @@ def test_the_wheel_holds_every_module_and_the_default_nbgrader_config(tmp_path):
     shutil.copytree(ROOT / "lab_utils", src / "lab_utils", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "jupyter-config", src / "jupyter-config")  # data files: the server config, see below
     run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                           str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -80,3 +82,5 @@ def test_the_wheel_holds_every_module_and_the_default_nbgrader_config(tmp_path):
     missing = sorted(wanted - names)
     assert not missing, f"the wheel lacks {missing}"
     assert "lab_utils/grading/default_config/nbgrader_config.py" in names
+    # what enables private student kernels (lab_utils/launcher/kernel_channels.py) in <prefix>/etc/jupyter
+    assert "distributed_training_labs-0.1.0.data/data/etc/jupyter/jupyter_server_config.d/dtlabs-kernels.json" in names

@@ -11,6 +11,7 @@
 | magic       | ``%dist`` / ``%%distributed`` / ``%%rank``: persistent ranks                                    |
 | backend     | gloo or NCCL, threads per rank, loopback: decided without touching CUDA                        |
 | doctor      | ``dtlabs doctor``: what a launch would use here, and a real 2-rank all-reduce                  |
+| kernel_channels | the Jupyter server extension that starts student kernels on private Unix sockets         |
 | relay       | ``Traffic``: a process group whose every message is counted in the launching process          |
 | wire        | length-prefixed frames over pipes and sockets                                                  |
 | plaindata   | values that cross between processes as plain data, decoded without trusting the sender        |

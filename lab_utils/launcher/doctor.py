@@ -1,4 +1,5 @@
-"""`dtlabs doctor`: is this machine ready? torch, backends, GPUs, and a real 2-rank all-reduce.
+"""`dtlabs doctor`: is this machine ready? torch, backends, GPUs, a real 2-rank all-reduce, and whether another
+local user could read a kernel's cells (``kernel_channels``).
 
 Its own module because it needs both ``backend`` (what a launch would choose) and ``launch`` (to try one), and
 ``launch`` imports ``backend``: kept apart, neither imports the other's importer.
@@ -24,9 +25,21 @@ def _smoke():
     return x.tolist()
 
 
+def _network(out) -> None:
+    """Where the ranks just launched listened: a network of their own (``lab_utils.netns``), or the machine's
+    loopback, which other local users reach (a warning: a container that refuses namespaces has no better)."""
+    from lab_utils.launcher import zygote
+
+    network = zygote.get_zygote().network
+    out(f"ranks' net  {network}")
+    if network != "private":
+        out("WARNING     other local users can connect to the ranks' rendezvous and gloo's ports (one user per "
+            "machine, or c.DTLabs.private_network on where the machine allows user namespaces)")
+
+
 def doctor(out=print) -> Status:
-    """Print what a launch would use and run a 2-rank all-reduce: DONE when it works, INCOMPLETE (with a fix)
-    when it cannot."""
+    """Print what a launch would use, run a 2-rank all-reduce and say where kernels listen: DONE when it all works
+    and no other user could subscribe to a kernel, INCOMPLETE (with a fix) otherwise."""
     import platform
     import time
 
@@ -68,8 +81,15 @@ def doctor(out=print) -> Status:
                 f"warm launch {t2 - t1:.3f} s)")
             if not ok:
                 problems.append("a 2-rank all-reduce gave a wrong sum")
+            _network(out)
         except (LaunchError, OSError) as exc:
             problems.append(f"a 2-rank launch failed: {exc}")
+    try:
+        from lab_utils.launcher import kernel_channels  # lazily: it imports jupyter_server
+    except ImportError as exc:
+        out(f"kernels     unknown: no Jupyter server in this environment ({exc})")
+    else:
+        problems += kernel_channels.report(out)
     for p in problems:
         out(f"PROBLEM     {p}")
     if problems:

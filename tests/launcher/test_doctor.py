@@ -1,6 +1,8 @@
 """`dtlabs doctor` tells a student what a launch would use, and fails with a fix when it cannot work."""
 from __future__ import annotations
 
+import subprocess
+
 import lab_utils.launcher.backend as env
 from lab_utils.launcher.doctor import doctor
 from lab_utils.status import Status
@@ -10,8 +12,11 @@ def test_doctor_reports_the_setup_and_a_working_all_reduce():
     lines = []
     assert doctor(out=lines.append) is Status.DONE, "\n".join(lines)
     text = "\n".join(lines)
-    for word in ("torch", "gloo", "GPUs", "backend", "all-reduce  ok", "all good"):
+    for word in ("torch", "gloo", "GPUs", "backend", "all-reduce  ok", "kernels     ipc", "runtime", "all good"):
         assert word in text
+    # the ranks' own network where this machine lets an ordinary user make one (unshare -Urn), else the warning
+    own = subprocess.run(["unshare", "--user", "--map-current-user", "--net", "true"], capture_output=True)
+    assert ("ranks' net  private" if own.returncode == 0 else "ranks' net  shared: ") in text, text
 
 
 def test_doctor_fails_with_a_fix_hint_when_no_backend_works(monkeypatch):

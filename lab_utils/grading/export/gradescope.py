@@ -50,6 +50,8 @@ def build_wheel(dest: Path) -> Path:
         for name in ("pyproject.toml", "README.md", "LICENSE"):
             if (src / name).is_file():
                 shutil.copy2(src / name, copy / name)
+        if (src / "jupyter-config").is_dir():  # the data files pyproject.toml names (the server extension's switch)
+            shutil.copytree(src / "jupyter-config", copy / "jupyter-config")
         run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                               str(dest), str(copy)], capture_output=True, text=True, timeout=600)
         if run.returncode != 0:

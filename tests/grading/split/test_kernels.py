@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import nbformat
 import psutil
 import pytest
 from nbclient import NotebookClient
 
+from helpers import nobody
 from lab_utils.grading.split import kernels
 from lab_utils.grading.split.execute import SplitExecute
 from lab_utils.grading.quality.swaps import SwapSession
@@ -66,34 +66,27 @@ def test_two_kernel_managers_never_share_socket_names():
     assert a.ip != b.ip
 
 
-EAVESDROP = Path(__file__).resolve().parents[2] / "helpers" / "eavesdrop.py"
-
-
 def _heard_by_another_user(manager_class, tmp_path) -> dict:
     """What user ``nobody`` hears, from every socket and loopback port it can reach, while a kernel of
     ``manager_class`` prints a secret for a few seconds."""
     import secrets
-    import shutil
-    import subprocess
 
-    system_python = shutil.which("python3", path="/usr/bin:/bin")
-    if os.geteuid() != 0 or not system_python:
-        pytest.skip("needs root (to run a process as nobody) and /usr/bin/python3 (a Python nobody can run)")
+    if nobody.why_not():
+        pytest.skip(nobody.why_not())
     secret = f"dtlabs-secret-{secrets.token_hex(8)}"
     code = f"import time\nfor _ in range(30):\n    print({secret!r}, flush=True)\n    time.sleep(0.1)\n"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
     listener = {}
 
     def on_cell_execute(cell, cell_index):
-        listener["proc"] = subprocess.Popen([system_python, "-I", "-c", EAVESDROP.read_text(), "2", secret], user=65534,
-                                            group=65534, extra_groups=[], cwd="/", stdout=subprocess.PIPE, text=True)
+        listener["proc"] = nobody.eavesdrop(2, secret)
 
     client = NotebookClient(nb, timeout=120, kernel_name="python3", kernel_manager_class=manager_class,
                             on_cell_execute=on_cell_execute, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    out, _ = listener["proc"].communicate(timeout=60)
+    heard = nobody.heard(listener["proc"])
     assert secret in nb.cells[0].outputs[0]["text"]
-    return json.loads(out)
+    return heard
 
 
 @pytest.mark.slow
