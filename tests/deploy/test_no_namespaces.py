@@ -7,9 +7,13 @@ root's included. Each command runs from the instructor's course venv (a Python e
 - Root grades as the separate user: a course open to others is refused with what that user could reach, ``dtlabs
   doctor --grading --fix`` closes it, and then the cheat corpus (the attacks whose defence depends on the mode,
   tests/helpers/cheat_corpus.py) gains nothing, changes nothing of the course and writes nothing into the venv.
-- The Gradescope bundle, set up (``setup.sh``) and run (``run_autograder``) as root, as Gradescope runs it: its
-  subject is the separate user, the venv backdoor is refused, the empty release graded after it still scores 0,
-  and the separate user cannot read the bundle's hidden tests.
+- Root grades every lab whose tests count on the relay or a counted lock as the separate user at full marks.
+- Lab 01's Gradescope bundle (a relay lab), built from a clone of the course, set up (``setup.sh``: its canary grades
+  the solution and the release as the separate user and must pass) and run (``run_autograder``) as root, as Gradescope
+  runs it: its subject is the separate user; the solution scores full marks; the known-wrong ring all-reduce under the
+  venv backdoor scores no more than that answer alone (the test cells its header says it loses), and the backdoor
+  does not reach the autograder's venv; the empty release graded after it still scores 0; and the separate user
+  cannot list the bundle's hidden tests.
 """
 from __future__ import annotations
 
@@ -235,51 +239,83 @@ def test_a_grading_killed_as_the_separate_user_leaves_nothing_past_the_next(cour
     assert not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
 
 
-@pytest.mark.timeout(1200)
-def test_the_gradescope_bundle_grades_as_the_separate_user(course):
+GRADESCOPE_LAB = "01_ddp_setup"  # a relay lab: as the separate user its solution once scored 7 of 10
+
+
+@pytest.mark.timeout(1800)
+def test_the_gradescope_bundle_grades_lab01_as_the_separate_user(course):
+    """Lab 01's bundle, built from a clone of the course, set up (``setup.sh``, whose canary grades the solution and
+    the release as the separate user) and run (``run_autograder``) as root with namespaces refused, as Gradescope
+    runs it. Lab 01's tests count what the ranks send through the relay, which listens in the grader kernel (root):
+    with its socket closed to the separate user, the canary refused the image (the solution scored 7 of 10)."""
+    import json
+
+    from helpers.known_wrong import read_known_wrong
     from lab_utils.grading.export import gradescope
 
+    lab = GRADESCOPE_LAB
     work = COURSE_PARENT / "boundary gradescope"
     shutil.rmtree(work, ignore_errors=True)
-    course_root = _small_class(work / "course")
-    bundle = gradescope.build(LAB, work / "out", course_root=course_root,
+    course_root = work / "course"
+    copy_course(course_root, TEACHER)  # the real labs, as a clone has them (the bundle reads its solution folder)
+    bundle = gradescope.build(lab, work / "out", course_root=course_root,
                               wheel=gradescope.build_wheel(work / "wheel"), out=lambda *_: None)
     gs = work / "autograder"
     (gs / "source").mkdir(parents=True)
     (gs / "submission").mkdir()
     with zipfile.ZipFile(bundle) as zf:
         zf.extractall(gs / "source")
+    manifest = json.loads((gs / "source" / "dtlabs-autograder.json").read_text())
+    points = {t["grade_id"]: t["points"] for t in manifest["tests"]}
+    total = sum(points.values())
+    # the bound on the dishonest submission, from what the repository records (not from this run): the known-wrong
+    # answer's header names the test cells it loses, every other cell being the solution's
+    honest = read_known_wrong(cheat_corpus.REPO / "grader" / "known_wrong" / lab / cheat_corpus.LAB01.honest)
+    assert honest.replaces == cheat_corpus.LAB01.answer and set(honest.loses) <= set(points), (honest, points)
+    honest_bound = total - sum(points[g] for g in honest.loses)
+    assert 0 < honest_bound < total, (honest_bound, total)
+
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "DTLABS_AUTOGRADER_ROOT": str(gs),
            "DTLABS_TORCH_INDEX_URL": "https://pypi.org/simple", "DTLABS_CACHE_DIR": str(work / "cache"),
            **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}
     py = course / ".venv" / "bin" / "python"
     t0 = time.monotonic()
     setup = subprocess.run([str(py), str(TESTS / "helpers" / "no_namespaces.py"), "bash", str(gs / "source" / "setup.sh")],
-                           env=env, capture_output=True, text=True, timeout=900)
-    TIMINGS["no namespaces: Gradescope setup.sh (venv, torch, the wheel, the canary)"] = time.monotonic() - t0
-    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+                           env=env, capture_output=True, text=True, timeout=1200)
+    TIMINGS["no namespaces: Gradescope setup.sh (venv, torch, the wheel, Lab 01's canary)"] = time.monotonic() - t0
+    said = setup.stdout[-3000:] + setup.stderr[-3000:]
+    assert setup.returncode == 0, said
+    assert f"{lab}: this image can grade it (solution {total:g}/{total:g}, release 0/{total:g})" in setup.stdout, said
     denied = subprocess.run(["runuser", "-u", SUBJECT, "--", "ls", str(gs / "source")], capture_output=True, text=True)
     assert denied.returncode != 0, f"the separate user can list the bundle's hidden tests: {denied.stdout}"
 
-    rel = nbformat.read(str(course_root / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
-    src = nbformat.read(str(course_root / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
-    honest = cheat_corpus.SYNTHETIC.known_wrong(course_root)
+    rel = nbformat.read(str(course_root / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    src = nbformat.read(str(course_root / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     backdoor = (cheat_corpus.REPO / "grader" / "cheats" / "venv_backdoor.py").read_text()
     site = _site_packages(gs / "dtlabs-venv" / "bin")
     results = {}
-    for name, nb in (("backdoor", grading.fill_solutions(rel, src, {"add": honest.source + "\n\n\n" + backdoor})),
+    for name, nb in (("solution", grading.without_demos(grading.fill_solutions(rel, src))),
+                     ("backdoor", grading.without_demos(grading.fill_solutions(
+                         rel, src, {honest.replaces: honest.source + "\n\n\n" + backdoor}))),
                      ("release", rel)):
         for p in (gs / "submission").iterdir():
             p.unlink()
-        nbformat.write(nb, str(gs / "submission" / f"{LAB}.ipynb"))
+        nbformat.write(nb, str(gs / "submission" / f"{lab}.ipynb"))
+        t0 = time.monotonic()
         res = subprocess.run([str(py), str(TESTS / "helpers" / "no_namespaces.py"), "bash", str(gs / "source" / "run_autograder")],
                              env={**env, "DTLABS_TEST_TOKEN": "gradescope-" + name}, capture_output=True, text=True,
                              timeout=600)
-        import json
-
+        TIMINGS[f"no namespaces: Gradescope run_autograder, Lab 01's {name}"] = time.monotonic() - t0
         results[name] = (res.returncode, res.stdout + res.stderr, json.loads((gs / "results" / "results.json").read_text()))
-        assert "sandbox: user" in results[name][1], results[name][1]
+        assert res.returncode == 0 and "sandbox: user" in results[name][1], results[name][1]
         assert not (site / "zz_dtlabs_backdoor.pth").exists(), "the backdoor reached the autograder's venv"
         assert not os.path.lexists(site / "sitecustomize"), "the linked sitecustomize reached the autograder's venv"
-    assert results["backdoor"][2]["score"] <= 1, results["backdoor"]  # the honest answer's visible points at most
-    assert results["release"][2]["score"] == 0, f"the release graded after the backdoor scored: {results['release']}"
+    scores = {name: r[2]["score"] for name, r in results.items()}
+    TIMINGS["no namespaces: Gradescope Lab 01 scores solution/backdoor/release"] = (
+        f"{scores['solution']:g}/{total:g} {scores['backdoor']:g}/{total:g} (known-wrong alone {honest_bound:g}) "
+        f"{scores['release']:g}/{total:g}")
+    assert scores["solution"] == total, f"Lab 01's solution lost points as the separate user: {results['solution']}"
+    assert scores["backdoor"] <= honest_bound, results["backdoor"]  # the known-wrong answer's points at most
+    lost = [t for t in results["backdoor"][2]["tests"] if any(t["name"].endswith(f"({g})") for g in honest.loses)]
+    assert lost and all(t["score"] == 0 for t in lost), results["backdoor"]
+    assert scores["release"] == 0, f"the release graded after the backdoor scored: {results['release']}"
