@@ -7,11 +7,14 @@
 #   sudo DTLABS_INSTRUCTOR=teacher grader/hub/hub.sh up     # exchange, /etc/jupyter/nbgrader_config.py, the hub
 #   grader/hub/hub.sh status
 #   sudo grader/hub/hub.sh down      # stops the hub, its proxy and every user's server
+#   sudo grader/hub/hub.sh hidepid   # /proc remounted hidepid=invisible: each user sees only their own processes
 #
 # Settings (environment): DTLABS_HUB_PREFIX (default /opt/dtlabs), DTLABS_HUB_STATE (/var/lib/dtlabs-hub),
 # DTLABS_HUB_PORT (8000, on 127.0.0.1), DTLABS_HUB_GROUPS (Unix groups allowed to log in, default
 # dtlabs-students,dtlabs-instructors), DTLABS_INSTRUCTOR (owns the course in the exchange; a hub admin),
-# DTLABS_EXCHANGE (/srv/nbgrader/exchange), TORCH_SPEC (install: default torch; torch==2.13.0 on CPU machines).
+# DTLABS_EXCHANGE (/srv/nbgrader/exchange), TORCH_SPEC (install: default torch; torch==2.13.0 on CPU machines),
+# DTLABS_HUB_HIDEPID=1 (up: hidepid first, opt-in: it is the whole machine's /proc), DTLABS_HUB_HIDEPID_GROUP (a group
+# whose members still see every process: a monitoring service's; default none).
 # The course id is grader/nbgrader_config.py's: dtlabs.
 #
 # Students see nbgrader's Assignments list and Validate button; the formgrader, course list and assignment creation
@@ -117,8 +120,37 @@ make_exchange() {
     fi
 }
 
+cmd_hidepid() {
+    # Every user sees only their own processes in /proc (ps, top): a classmate no longer sees that another student's
+    # kernel and ranks exist, nor their command lines. It is the machine's /proc, not the hub's: it stays after
+    # `down` (an fstab line keeps it over a reboot: grader/README.md). Root, and the group named, still see all.
+    need_root hidepid
+    local opts gid=""
+    if [ -n "${DTLABS_HUB_HIDEPID_GROUP:-}" ]; then
+        gid=$(getent group "$DTLABS_HUB_HIDEPID_GROUP" | cut -d: -f3 || true)
+        [ -n "$gid" ] || die "no group $DTLABS_HUB_HIDEPID_GROUP (DTLABS_HUB_HIDEPID_GROUP)"
+    fi
+    for opts in hidepid=invisible hidepid=2; do   # invisible: Linux 5.8+; 2 before it
+        if mount -o "remount,$opts${gid:+,gid=$gid}" /proc 2>/dev/null; then
+            echo "hub: /proc remounted $opts${gid:+,gid=$gid}: users see only their own processes"
+            return 0
+        fi
+    done
+    die "could not remount /proc with hidepid (a container without CAP_SYS_ADMIN?); see grader/README.md"
+}
+
+proc_privacy() {
+    local opts
+    opts=$(awk '$2 == "/proc" && $3 == "proc" {o=$4} END {print o}' /proc/mounts)
+    case ",$opts," in
+        *,hidepid=invisible,*|*,hidepid=2,*) echo "each user sees only their own processes (/proc $opts)" ;;
+        *) echo "every user sees every process in ps (/proc without hidepid: grader/hub/hub.sh hidepid)" ;;
+    esac
+}
+
 cmd_up() {
     need_root up
+    if [ "${DTLABS_HUB_HIDEPID:-0}" = 1 ]; then cmd_hidepid; fi
     [ -x "$VENV/bin/jupyterhub" ] && [ -x "$PREFIX/node/bin/configurable-http-proxy" ] || die "not installed: run '$0 install' first"
     local t0=$SECONDS
     mkdir -p "$STATE"
@@ -141,7 +173,7 @@ cmd_up() {
     done
     answers || { tail -n 20 "$STATE/jupyterhub.log" >&2; die "the hub did not answer on port $PORT within 60 s (log above)"; }
     echo "hub: up in $(( SECONDS - t0 )) s on http://127.0.0.1:$PORT (log $STATE/jupyterhub.log); exchange $EXCHANGE," \
-         "course $COURSE_ID; groups allowed: $GROUPS_ALLOWED"
+         "course $COURSE_ID; groups allowed: $GROUPS_ALLOWED; $(proc_privacy)"
 }
 
 cmd_down() {
@@ -161,7 +193,8 @@ cmd_down() {
 
 cmd_status() {
     if running; then
-        echo "hub: running (pid $(hub_pid)) on http://127.0.0.1:$PORT; $(answers && echo answering || echo 'not answering')"
+        echo "hub: running (pid $(hub_pid)) on http://127.0.0.1:$PORT; $(answers && echo answering || echo 'not answering');" \
+             "$(proc_privacy)"
     else
         echo "hub: not running"
     fi
@@ -172,5 +205,6 @@ case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
+    hidepid) cmd_hidepid ;;
+    *) echo "usage: $0 install|up|down|status|hidepid" >&2; exit 2 ;;
 esac

@@ -7,12 +7,14 @@ students in headless Chromium (Debian's), the instructor in a terminal, every on
   collects (``nbgrader collect``), grades (``dtlabs grade``: sandboxed), and releases the feedback
   (``nbgrader release_feedback``). The student fetches it and sees their score and the failing test's message, and
   no hidden test's code.
-- Two students run a 2-rank ``launch`` at the same moment: both succeed; their ranks share no port, socket,
-  /dev/shm name or temporary path; neither can signal the other's ranks or read their environment or files.
+- Two students run a 2-rank ``launch`` at the same moment: both succeed; their ranks share no port (a port is
+  (network namespace, number): equal numbers in two namespaces are two ports), socket, /dev/shm name or temporary
+  path; neither can signal the other's ranks or read their environment or files.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import time
@@ -243,7 +245,8 @@ def hold(release):
         while not os.path.exists(release) and time.monotonic() < deadline:
             time.sleep(0.1)  # both students' ranks are alive together until the test has looked at them
     dist.all_reduce(t)
-    print(f"pid {os.getpid()} port {os.environ['MASTER_PORT']} tmp {f.name} sum {t.item()}")
+    netns = os.readlink("/proc/self/ns/net")  # the rendezvous port is a port in this namespace
+    print(f"pid {os.getpid()} netns {netns} port {os.environ['MASTER_PORT']} tmp {f.name} sum {t.item()}")
     return os.getpid()
 
 pids = launch(hold, world_size=2, args=(RELEASE,), timeout=240)
@@ -255,16 +258,40 @@ def _ranks(user) -> list:
     return [p for p in processes_of(user) if p.name().startswith("dtlabs-rank")]
 
 
+def _sockets(pid: int) -> tuple[set, set]:
+    """The TCP ports ((network namespace, port)) and Unix socket names (an abstract name with its namespace) that
+    ``pid`` holds, from the tables of its own namespace (/proc/PID/net): psutil reads the caller's namespace's,
+    where the sockets of ranks in a private one are not."""
+    ns = os.readlink(f"/proc/{pid}/ns/net")
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    ports, unix = set(), set()
+    for table in ("tcp", "tcp6"):
+        for line in open(f"/proc/{pid}/net/{table}").readlines()[1:]:
+            f = line.split()
+            if f[9] in inodes:
+                ports.add((ns, int(f[1].rsplit(":", 1)[1], 16)))
+    for line in open(f"/proc/{pid}/net/unix").readlines()[1:]:
+        f = line.split()
+        if len(f) >= 8 and f[6] in inodes:
+            unix.add((ns, f[7]) if f[7].startswith("@") else f[7])
+    return ports, unix
+
+
 def _footprint(procs) -> dict:
     """What processes hold: TCP ports, Unix socket names, /dev/shm and /tmp paths."""
     ports, unix, paths = set(), set(), set()
     for p in procs:
         try:
-            for c in p.net_connections(kind="all"):
-                if isinstance(c.laddr, str):
-                    unix.add(c.laddr) if c.laddr else None
-                elif c.laddr:
-                    ports.add(c.laddr.port)
+            held = _sockets(p.pid)
+            ports |= held[0]
+            unix |= held[1]
             for f in p.open_files():
                 if f.path.startswith(("/tmp", "/dev/shm", "/run/user")):
                     paths.add(f.path)
@@ -314,6 +341,7 @@ def test_two_students_launch_at_once(hub, passwords, chromium):
             started = time.monotonic() - t0
             feet = {u: _footprint(processes_of(u)) for u in STUDENTS}  # server, kernel, zygote, ranks
             a, b = (feet[u] for u in STUDENTS)
+            assert a["ports"] and b["ports"], f"no TCP port found for a student's processes: {feet}"
             for kind in ("ports", "unix", "paths"):
                 assert not (a[kind] & b[kind]), f"{kind} shared between the students' ranks: {a[kind] & b[kind]}"
             # across users: no signal, no environment, no open files; as each of them would try from a terminal
@@ -326,7 +354,8 @@ def test_two_students_launch_at_once(hub, passwords, chromium):
                     peek = run_as(me, peek_cmd, check=False)
                     assert peek.returncode != 0 and "ermission denied" in peek.stderr, (peek_cmd, peek)
             said.append(f"both students' ranks up {started:.1f} s after the first Shift+Enter; "
-                        f"ports {sorted(a['ports'])} vs {sorted(b['ports'])}; kill/environ/fd/mem across users denied")
+                        f"(netns, port) {sorted(a['ports'])} vs {sorted(b['ports'])}; kill/environ/fd/mem across "
+                        "users denied")
             release.touch()
             outs = {}
             for user, page in pages.items():
@@ -335,7 +364,7 @@ def test_two_students_launch_at_once(hub, passwords, chromium):
             took = time.monotonic() - t0
             for user, text in outs.items():
                 assert "[rank 0]" in text and "[rank 1]" in text and text.count("sum 6.0") == 2, f"{user}: {text}"
-            mine = {u: set(re.findall(r"port (\d+)", outs[u])) for u in STUDENTS}
+            mine = {u: set(re.findall(r"netns (\S+) port (\d+)", outs[u])) for u in STUDENTS}
             assert len(mine[ALICE]) == 1 and mine[ALICE] != mine[BOB], mine
             said.append(f"both launches succeeded, {took:.1f} s after the first Shift+Enter: rendezvous ports {mine}")
             TIMINGS["two students' 2-rank launches at once: both ranks up"] = started

@@ -30,7 +30,7 @@ import nbformat
 import psutil
 import pytest
 
-from deploy_helpers import APART, COURSE_PARENT, TEACHER, TIMINGS, copy_course, run_as, teacher_env
+from deploy_helpers import APART, COURSE_PARENT, TEACHER, TIMINGS, copy_course, report, run_as, teacher_env
 
 from lab_utils import grading
 from lab_utils.grading.boundary import separate_user
@@ -38,7 +38,7 @@ from lab_utils.grading.boundary import separate_user
 pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group(APART)]
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
-from helpers import cheat_corpus  # noqa: E402 - tests/ is not this folder
+from helpers import cheat_corpus, nobody  # noqa: E402 - tests/ is not this folder
 from helpers.synthetic import make_synthetic_course  # noqa: E402
 
 LAB = cheat_corpus.SYNTHETIC_LAB
@@ -124,8 +124,9 @@ def test_root_grades_the_cheat_corpus_as_the_separate_user(course):
     pth_before = sorted(p.name for p in site.glob("*.pth"))
     before = cheat_corpus.tree_digest(root)
     t0 = time.monotonic()
-    graded = subprocess.run(_refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--jobs", "2",
-                                      "--course-root", root), env=env, capture_output=True, text=True, timeout=1100)
+    with nobody.listening(nobody.hidden_lines(root, LAB)) as ear:  # another user of the machine, all along
+        graded = subprocess.run(_refusing(course, "dtlabs", "grade", LAB, "--no-feedback", "--jobs", "2",
+                                          "--course-root", root), env=env, capture_output=True, text=True, timeout=1100)
     TIMINGS["no namespaces: the corpus as the separate user"] = time.monotonic() - t0
     out = graded.stdout
     assert "sandbox: user" in out and "taken without a boundary" not in out, out
@@ -144,6 +145,9 @@ def test_root_grades_the_cheat_corpus_as_the_separate_user(course):
     assert not cheat_corpus.PWNED.exists(), "a hostile return value ran code in the grader"
     left = subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the separate user outlived grading: {left}"
+    assert not ear["heard"], f"another user heard the hidden tests: {ear['heard']}"
+    report(f"[no namespaces] nobody listened through the corpus's grading: {len(ear['reached'])} endpoints reached, "
+           f"{ear['bytes']} bytes, no hidden test heard")
 
 
 RELAY_LABS = ("01_ddp_setup", "03_fsdp_zero", "05_multi_node", "07_model_parallel", "08_comm_efficiency",
@@ -163,14 +167,19 @@ def test_root_grades_every_relay_lab_as_the_separate_user_at_full_marks(course):
     os.chmod(root.parent, 0o755)
     env = _root_env(course, DTLABS_TEST_TOKEN=uuid.uuid4().hex)
     t0 = time.monotonic()
-    doctor = subprocess.run(_refusing(course, "dtlabs", "doctor", "--grading", *RELAY_LABS, "--fix", "--course-root",
-                                      root), env=env, capture_output=True, text=True, timeout=1400)
+    needles = [line for lab in RELAY_LABS for line in nobody.hidden_lines(root, lab)]
+    with nobody.listening(needles) as ear:  # another user of the machine, through every lab's grading
+        doctor = subprocess.run(_refusing(course, "dtlabs", "doctor", "--grading", *RELAY_LABS, "--fix",
+                                          "--course-root", root), env=env, capture_output=True, text=True, timeout=1400)
     TIMINGS["no namespaces: the six relay labs' canaries as the separate user"] = time.monotonic() - t0
     out = doctor.stdout + doctor.stderr
     assert "boundary    user" in out, out
     for lab in RELAY_LABS:
         assert f"{lab}: can be graded here (solution " in out, f"{lab} cannot be graded as the separate user:\n{out}"
     assert not subprocess.run(["pgrep", "-u", SUBJECT], capture_output=True, text=True).stdout.split()
+    assert not ear["heard"], f"another user heard the hidden tests: {ear['heard']}"
+    report(f"[no namespaces] nobody listened through the six relay labs' gradings: {len(ear['reached'])} endpoints "
+           f"reached, {ear['bytes']} bytes, none of {len(needles)} hidden test lines heard")
 
 
 def _subject_folders() -> set:

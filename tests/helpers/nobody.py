@@ -2,6 +2,7 @@
 venv's interpreter may live in a folder only root can enter, as /root/.pyenv does)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,3 +32,46 @@ def heard(proc: subprocess.Popen, timeout: float = 60) -> dict:
     """The JSON ``eavesdrop.py`` printed: ``reached``, ``heard``, ``bytes``, ``uid``."""
     out, _ = proc.communicate(timeout=timeout)
     return json.loads(out)
+
+
+@contextlib.contextmanager
+def listening(needles: list, seconds: float = 1800):
+    """``nobody`` listens on everything it can reach, endpoints that appear later included, for as long as the block
+    runs (``eavesdrop.py --stdin --ready``: the needles on its stdin, in no command line ``nobody`` could read).
+    Yields a dict that holds its verdict (``reached``, ``heard``, ``bytes``) once the block has ended."""
+    proc = subprocess.Popen([SYSTEM_PYTHON, "-I", "-c", EAVESDROP.read_text(), "--stdin", "--ready", str(seconds)],
+                            user=NOBODY, group=NOBODY, extra_groups=[], cwd="/", stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    verdict: dict = {}
+    try:
+        proc.stdin.write(json.dumps(needles) + "\n")
+        proc.stdin.flush()
+        said = proc.stderr.readline()  # "ready": the first round of connections is made
+        assert said.strip() == "ready", f"the eavesdropper did not start: {said}"
+        yield verdict
+    finally:
+        try:
+            proc.stdin.close()  # the end of the scan
+        except OSError:
+            pass
+        try:
+            out = proc.stdout.read()
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        if out.strip():
+            verdict.update(json.loads(out))
+
+
+def hidden_lines(root: Path, lab: str) -> list:
+    """The hidden tests' lines of ``lab`` in the course at ``root`` (those long enough to be its own): the needles
+    another user listens for while the class is graded."""
+    import nbformat
+
+    from lab_utils.grading.course import split_hidden
+
+    nb = nbformat.read(str(Path(root) / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    found = {line.strip() for c in nb.cells for line in split_hidden(c.source)[1] if len(line.strip()) >= 24}
+    assert found, f"{lab} has no hidden test lines to listen for"
+    return sorted(found)

@@ -16,6 +16,7 @@ course. Searching all of /tmp would damage the courses of tests running in paral
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import nobody
 from helpers.cheat_corpus import CHEATS, LAB01, PWNED, SYNTHETIC, Run, attacks, header, submit_corpus, tree_digest
 from helpers.processes import TEST_TOKEN_VAR, assert_no_leftovers
 from helpers.synthetic import HIDDEN_SOURCE, SYNTHETIC_LAB
@@ -62,11 +64,14 @@ def _grade_corpus(root: Path, run: Run, monkeypatch) -> dict:
         monkeypatch.setenv("DTLABS_SANDBOX", "user")
         sandbox.fix(root)
     lines = []
-    code = grading.grade([lab], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
+    # another user of the machine listens to every socket and port it can reach while the class is graded
+    with (nobody.listening(nobody.hidden_lines(root, lab)) if nobody.why_not() is None else contextlib.nullcontext({})) as ear:
+        code = grading.grade([lab], course_root=root, jobs=2, feedback=False, out=lines.append, progress=False)
     repo_after = tree_digest(REPO)
     assert_no_leftovers(token)
     return {"code": code, "lines": lines, "before": before, "after": tree_digest(root), "repo_before": repo_before,
-            "repo_after": repo_after}
+            "repo_after": repo_after, "ear": ear}
+
 
 
 def _separate_user_here() -> bool:
@@ -119,6 +124,17 @@ def test_the_honest_answer_underneath_scores_zero_and_the_victim_full_marks(corp
         f"the honest wrong answer should score {t.honest_score} on {t.test}: {honest}\n" + "\n".join(corpus["lines"]))
     assert victim.get(t.test) == t.full_score, (
         f"the victim graded after every attacker lost points: {victim}\n" + "\n".join(corpus["lines"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_no_other_user_of_the_machine_heard_a_hidden_test(corpus):
+    """While the whole corpus was graded, user ``nobody`` subscribed to every kernel and socket it could reach, the
+    grader kernels' IOPub (every hidden test they execute) included; it must hear no hidden test's line."""
+    if nobody.why_not():
+        pytest.skip(nobody.why_not())
+    ear = corpus["ear"]
+    assert ear and not ear["heard"], f"another user heard the hidden tests: {ear.get('heard')} (reached {ear.get('reached')})"
 
 
 @pytest.mark.slow
