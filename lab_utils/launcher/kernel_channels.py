@@ -10,8 +10,11 @@ which setuptools leaves data files out of) puts ``jupyter-config/jupyter_server_
 ``jpserver_extensions``, no other setting), which has the server's kernels started by ``StudentKernelManager``:
 jupyter_client's ``ipc`` transport, the five sockets beside the kernel's connection file in the Jupyter runtime folder
 (0700, the user's). Where that path is too long for a socket address, or others can enter the folder, they go to a
-0700 folder of their own under the temp folder. Only servers load extensions: nbclient, papermill and grading keep
-their own kernel managers. ``--KernelManager.transport=tcp``, or a config naming another kernel manager, undoes it.
+0700 folder of their own under the temp folder. nbgrader's Validate button, which runs the student's notebook inside
+this server with ``AsyncKernelManager`` on TCP whatever the config says, is given ``ValidateKernelManager`` (the same
+sockets, a folder of its own). Only servers load extensions: nbclient, papermill and grading keep their own kernel
+managers (grading's ``PrivateSocketKernelManager`` shares ``PrivateSockets``). ``--KernelManager.transport=tcp``, or a
+config naming another kernel manager, undoes it.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import os
 import shutil
 import sys
 
+from jupyter_client.manager import AsyncKernelManager
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 from traitlets import default
 
@@ -53,28 +57,36 @@ def why_not_beside(ip: str) -> str | None:
 
 
 def _short_temp_folder() -> str:
+    """The temp folder, unless its path leaves too little of a socket address's bytes for ZeroMQ: then /tmp."""
     import tempfile
 
     return tempfile.gettempdir() if len(tempfile.gettempdir().encode()) <= 60 else "/tmp"
 
 
-class StudentKernelManager(ServerKernelManager):
-    """The server's kernel manager, on ``ipc`` where there are Unix sockets (Linux, macOS), in a private folder."""
+class PrivateSockets:
+    """A jupyter_client kernel manager's mixin (before the manager in the bases): the kernel on ``ipc`` where this
+    class can have it, its sockets beside the connection file where that folder is private and the path short enough
+    (``sockets_beside``), else in a 0700 folder of their own under the temp folder, removed with the kernel (or, where
+    the process that made it was killed, at the next such kernel's start). Used by ``StudentKernelManager``,
+    ``ValidateKernelManager`` and grading's ``PrivateSocketKernelManager``."""
 
+    folder_prefix = FOLDER_PREFIX  # of a kernel's own folder
+    ipc_here = UNIX_SOCKETS  # where ipc is the default transport
+    sockets_beside = True  # whether jupyter_client's place for the sockets, beside the connection file, may do
     _folder: str | None = None
 
     @default("transport")
     def _transport_default(self) -> str:
-        return "ipc" if UNIX_SOCKETS else "tcp"
+        return "ipc" if self.ipc_here else "tcp"
 
     @default("ip")
     def _ip_default(self) -> str:
         ip = super()._ip_default()
-        if self.transport != "ipc" or not why_not_beside(ip):
+        if self.transport != "ipc" or not self.ipc_here or (self.sockets_beside and not why_not_beside(ip)):
             return ip
         parent = _short_temp_folder()
-        tempdirs.remove_orphaned_tempdirs(FOLDER_PREFIX, parents=[parent])  # a killed server's
-        self._folder = tempdirs.owned_tempdir(FOLDER_PREFIX, dir=parent)
+        tempdirs.remove_orphaned_tempdirs(self.folder_prefix, parents=[parent])  # a killed process's
+        self._folder = tempdirs.owned_tempdir(self.folder_prefix, dir=parent)
         return f"{self._folder}/k"  # the channels are k-1 .. k-5
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
@@ -83,6 +95,34 @@ class StudentKernelManager(ServerKernelManager):
             shutil.rmtree(self._folder, ignore_errors=True)
 
     cleanup_resources = _async_cleanup_resources
+
+
+class StudentKernelManager(PrivateSockets, ServerKernelManager):
+    """The server's kernel manager, on ``ipc`` where there are Unix sockets (Linux, macOS), in a private folder."""
+
+
+class ValidateKernelManager(PrivateSockets, AsyncKernelManager):
+    """The kernel manager of nbgrader's Validate button in a server with this extension (``private_validation``)."""
+
+
+def private_validation() -> bool | None:
+    """Have nbgrader's ``Execute`` (its Validate button, run by its server extension inside this server) start kernels
+    with ``ValidateKernelManager``. True when it does (now or already); False when nbgrader's name is something else
+    already (left alone); None without nbgrader."""
+    import importlib.util
+
+    if importlib.util.find_spec("nbgrader") is None:
+        return None
+    from nbgrader.preprocessors import execute
+
+    if execute.AsyncKernelManager is not AsyncKernelManager:
+        return execute.AsyncKernelManager is ValidateKernelManager
+    # Execute.__init__ does kwargs.setdefault("kernel_manager_class", AsyncKernelManager), reading this module global
+    # at call time: jupyter_client's manager on TCP loopback ports, where a classmate could subscribe to IOPub and read
+    # every cell validated. No config can change it (an explicit kwarg beats config; Validator.preprocessors is not
+    # configurable), so the name itself is rebound.
+    execute.AsyncKernelManager = ValidateKernelManager
+    return True
 
 
 def adopt(mapping) -> bool:
@@ -107,6 +147,15 @@ def _load_jupyter_server_extension(serverapp) -> None:
     else:
         serverapp.log.warning(f"dtlabs: the config names its kernel manager class, "
                               f"{serverapp.kernel_manager.kernel_manager_class}: kernels are left as it says")
+    validation = private_validation()
+    if validation:
+        serverapp.log.info(f"dtlabs: nbgrader's Validate button runs notebooks on Unix sockets only this user can "
+                           f"reach ({__name__}.{ValidateKernelManager.__name__})")
+    elif validation is False:
+        from nbgrader.preprocessors import execute
+
+        serverapp.log.warning(f"dtlabs: nbgrader's Validate button starts kernels with {execute.AsyncKernelManager}, "
+                              "not jupyter_client's AsyncKernelManager: left as it is")
 
 
 def server_kernel_manager():

@@ -43,7 +43,11 @@ def _namespaces_allowed() -> bool:
 def _listening(pid: int) -> set:
     """The TCP ports process ``pid`` itself listens on (sockets among its descriptors), in its own network."""
     inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone (an earlier launch's store, ending)
+        return set()
+    for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
@@ -52,7 +56,11 @@ def _listening(pid: int) -> set:
             inodes.add(target[8:-1])
     ports = set()
     for name in ("tcp", "tcp6"):
-        for line in open(f"/proc/{pid}/net/{name}").read().splitlines()[1:]:
+        try:
+            table = open(f"/proc/{pid}/net/{name}").read().splitlines()[1:]
+        except OSError:
+            return ports
+        for line in table:
             fields = line.split()
             if fields[3] == "0A" and fields[9] in inodes:  # LISTEN, and this process's
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))

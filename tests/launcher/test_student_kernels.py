@@ -2,7 +2,9 @@
 server of the course's environment, with the config the package installs, starts a kernel through its REST API; user
 ``nobody`` listens on every socket and loopback port it can reach while a cell prints a secret, and hears nothing of
 it, against the same server told ``--KernelManager.transport=tcp``, where it hears it. A runtime folder too deep for a
-socket address, or open to others, moves the sockets to a private folder; ``dtlabs doctor`` says which, and warns."""
+socket address, or open to others, moves the sockets to a private folder; ``dtlabs doctor`` says which, and warns.
+nbgrader's Validate button, which the same server runs, is heard by nobody either, against the server with this
+extension disabled, where its kernel is jupyter_client's on TCP and nobody hears it."""
 from __future__ import annotations
 
 import asyncio
@@ -20,16 +22,22 @@ from pathlib import Path
 
 import psutil
 import pytest
-from jupyter_client import BlockingKernelClient
+import nbformat
+from jupyter_client import AsyncKernelManager, BlockingKernelClient
 
 from helpers import nobody
 from lab_utils.launcher import kernel_channels
-from lab_utils.launcher.kernel_channels import FOLDER_PREFIX, StudentKernelManager
+from lab_utils.launcher.kernel_channels import FOLDER_PREFIX, StudentKernelManager, ValidateKernelManager
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path(kernel_channels.CONFIG)
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 SECRET_CELL = "import time\nfor _ in range(30):\n    print({!r}, flush=True)\n    time.sleep(0.1)\n"
+VALIDATED = "the notebook was validated"  # the cell's last words, in the Validate button's answer
+WHERE_CELL = ("import json\nfrom ipykernel import get_connection_info\ninfo = json.loads(get_connection_info())\n"
+              "with open('validate-kernel.json', 'w') as fh:\n    json.dump({'transport': info['transport'], "
+              "'ip': info['ip']}, fh)\n")  # where the validating kernel listens, written down for the test
+VALIDATE_URL = "assignments/validate"  # nbgrader.server_extensions.validate_assignment's handler
 DOCTOR_CELL = "from lab_utils.launcher import kernel_channels\nprint('problems', kernel_channels.report())\n"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -232,3 +240,89 @@ def test_the_doctor_warns_when_kernels_would_listen_on_tcp(tmp_path, user_config
     text = "\n".join(lines)
     assert "kernels     tcp: ports of 127.0.0.1" in text and "WARNING     JupyterLab's kernels listen on TCP" in text
     assert len(problems) == 1 and fix in problems[0], problems
+
+
+def test_the_validate_button_gets_private_sockets_and_nothing_else_is_rebound(monkeypatch):
+    """nbgrader's ``Execute`` reads the name ``AsyncKernelManager`` of its module when it is made: the extension
+    rebinds it to ``ValidateKernelManager`` (no config can choose Execute's manager), a manager of anyone else's left
+    alone. Its kernel's sockets go to a 0700 folder of its own, removed with it."""
+    execute = pytest.importorskip("nbgrader.preprocessors.execute")
+    monkeypatch.setattr(execute, "AsyncKernelManager", AsyncKernelManager)  # as nbgrader has it; put back after
+    assert kernel_channels.private_validation() is True and kernel_channels.private_validation() is True
+    assert execute.Execute().kernel_manager_class is ValidateKernelManager
+
+    class Theirs(AsyncKernelManager):
+        pass
+
+    monkeypatch.setattr(execute, "AsyncKernelManager", Theirs)
+    assert kernel_channels.private_validation() is False and execute.AsyncKernelManager is Theirs
+    if not kernel_channels.UNIX_SOCKETS:
+        return
+    km = ValidateKernelManager()
+    folder = os.path.dirname(km.ip)
+    try:
+        assert km.transport == "ipc" and os.path.basename(folder).startswith(FOLDER_PREFIX), km.ip
+        assert os.stat(folder).st_mode & 0o7777 == 0o700 and kernel_channels.private(folder)
+    finally:
+        asyncio.run(km.cleanup_resources())
+    assert not os.path.exists(folder)
+
+
+def _validated_while_nobody_listens(tmp_path: Path, runtime: Path, *server_args: str) -> dict:
+    """nbgrader's Validate button (its REST endpoint, as the JupyterLab extension calls it) on a notebook whose grade
+    cell prints a secret for 3 s, while ``nobody`` listens on everything it can reach; what it heard, the answer, where
+    the validating kernel listened (the cell wrote it down) and the server's log."""
+    secret = f"dtlabs-secret-{secrets.token_hex(8)}"
+    source = f"{WHERE_CELL}{SECRET_CELL.format(secret)}assert False, {VALIDATED!r}\n"
+    cell = nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
+        "grade": True, "grade_id": "secret", "locked": True, "points": 1, "schema_version": 3, "solution": False}})
+    nb = nbformat.v4.new_notebook(cells=[cell], metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(nb, str(tmp_path / "validate-me.ipynb"))
+    with _server(tmp_path, runtime, *server_args) as api:
+        with nobody.listening([secret]) as heard:
+            t0 = time.monotonic()
+            answer = api("POST", VALIDATE_URL, {"path": "validate-me.ipynb"})
+            took = round(time.monotonic() - t0, 1)
+    kernel = json.loads((tmp_path / "validate-kernel.json").read_text())
+    failed = answer["value"].get("failed", []) if answer["success"] else []
+    assert answer["success"] and len(failed) == 1 and VALIDATED in failed[0]["raw_error"], (
+        f"the Validate button did not run the notebook: {answer}")
+    return {"secret": secret, "heard": heard, "kernel": kernel, "took_s": took,
+            "log": (tmp_path / "server.log").read_text()}
+
+
+@pytest.mark.slow
+def test_another_user_hears_nothing_of_the_validate_button(tmp_path, short_folder, user_config):
+    """nbgrader's Validate button runs the whole notebook in a kernel of its own, which nbgrader starts with
+    jupyter_client's ``AsyncKernelManager`` (TCP) whatever the config says: in a server with this extension, that
+    kernel is on Unix sockets in a 0700 folder of its own, and ``nobody`` hears nothing of it."""
+    if nobody.why_not():
+        pytest.skip(nobody.why_not())
+    if not kernel_channels.UNIX_SOCKETS:
+        pytest.skip("no Unix sockets for ZeroMQ's ipc here: kernels stay on TCP (the doctor says so)")
+    got = _validated_while_nobody_listens(tmp_path, short_folder / "runtime")
+    kernel, heard = got["kernel"], got["heard"]
+    assert "dtlabs: nbgrader's Validate button runs notebooks on Unix sockets" in got["log"], got["log"][-3000:]
+    folder = os.path.dirname(kernel["ip"])
+    assert kernel["transport"] == "ipc" and os.path.basename(folder).startswith(FOLDER_PREFIX), kernel
+    assert not os.path.exists(folder), "the validating kernel's socket folder outlived it"
+    assert heard["uid"] == nobody.NOBODY and not heard["heard"], heard
+    assert not [r for r in heard["reached"] if kernel["ip"] in r], heard
+    print(f"\nvalidate: {got['took_s']} s; nobody reached {len(heard['reached'])} endpoints, got {heard['bytes']} "
+          f"bytes, heard {heard['heard']}; the kernel on {kernel['ip']}-*")
+
+
+@pytest.mark.slow
+def test_the_eavesdropper_hears_the_validate_button_without_the_extension(tmp_path, short_folder, user_config):
+    """The control: the same server with this extension disabled (nbgrader's name left as it is), where the Validate
+    button's kernel listens on TCP and the same listener hears the secret."""
+    if nobody.why_not():
+        pytest.skip(nobody.why_not())
+    got = _validated_while_nobody_listens(tmp_path, short_folder / "runtime",
+                                          f"--ServerApp.jpserver_extensions={kernel_channels.__name__}=False")
+    assert "dtlabs:" not in got["log"], got["log"][-3000:]
+    assert got["kernel"]["transport"] == "tcp", got["kernel"]
+    assert [got["secret"]] == sorted({n for _, n in got["heard"]["heard"]}), got["heard"]
+    print(f"\nvalidate without the extension: {got['took_s']} s; nobody got {got['heard']['bytes']} bytes, heard the "
+          f"secret on {got['heard']['heard']}")

@@ -19,41 +19,24 @@ while ``c.DTLabs.warm_kernels`` is on; kernels JupyterLab starts for a student n
 """
 from __future__ import annotations
 
-import shutil
 import sys
 
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import default
 
-from lab_utils import settings, tempdirs
+from lab_utils import settings
+from lab_utils.launcher.kernel_channels import PrivateSockets
 
 IPC_SOCKETS = sys.platform.startswith("linux")
 FOLDER_PREFIX = "dtlabs-kernel-"  # a kernel's private folder (0700) with its five sockets
 
 
-class PrivateSocketKernelManager(AsyncKernelManager):
-    """An ``AsyncKernelManager`` whose kernel listens on Unix socket files in a folder of this user's alone."""
+class PrivateSocketKernelManager(PrivateSockets, AsyncKernelManager):
+    """An ``AsyncKernelManager`` whose kernel listens on Unix socket files in a folder of this user's alone (the
+    launcher's ``PrivateSockets``: here always a folder of the kernel's own, and ``ipc`` on Linux only)."""
 
-    _folder: str | None = None
-
-    @default("transport")
-    def _transport_default(self) -> str:
-        return "ipc" if IPC_SOCKETS else "tcp"
-
-    @default("ip")
-    def _ip_default(self) -> str:
-        if self.transport == "ipc" and IPC_SOCKETS:
-            tempdirs.remove_orphaned_tempdirs(FOLDER_PREFIX)
-            self._folder = tempdirs.owned_tempdir(FOLDER_PREFIX, dir=_short_temp_folder())
-            return f"{self._folder}/k"  # the channels are k-1 .. k-5
-        return super()._ip_default()
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        if not restart and self._folder:
-            shutil.rmtree(self._folder, ignore_errors=True)
-
-    cleanup_resources = _async_cleanup_resources
+    folder_prefix = FOLDER_PREFIX
+    ipc_here = IPC_SOCKETS
+    sockets_beside = False
 
     @property
     def kernel_spec(self):
@@ -71,10 +54,3 @@ class PrivateSocketKernelManager(AsyncKernelManager):
                 spec.metadata = plain
         return spec
 
-
-def _short_temp_folder() -> str | None:
-    """The temp folder, unless its path leaves too little of a socket address's 107 bytes for ZeroMQ (which binds
-    the path as given): then /tmp."""
-    import tempfile
-
-    return None if len(tempfile.gettempdir().encode()) <= 60 else "/tmp"
