@@ -116,6 +116,45 @@ def test_the_interpreter_raises_on_out_of_bounds_accesses():
     assert "out-of-bounds load" in lines[0] and "out-of-bounds store" in lines[1], out.stdout
 
 
+FP16_ACCUMULATOR = """
+@triton.jit
+def dot_kernel(a_ptr, c_ptr, K, BM: tl.constexpr):
+    tile = tl.arange(0, BM)[:, None] * BM + tl.arange(0, BM)[None, :]
+    acc = tl.zeros((BM, BM), dtype=ACC)
+    for _ in range(0, K, BM):
+        a = tl.load(a_ptr + tile)
+        acc += tl.dot(a, a)
+    tl.store(c_ptr + tile, acc)
+"""
+
+
+@pytest.mark.parametrize("acc,rejected", [("tl.float32", False), ("tl.float16", True)])
+def test_the_lab_compiles_triton_kernels_for_a_gpu_without_one(acc, rejected):
+    """Lab 11's compile check (the launch-recorder cell's ``_COMPILER``, run as its tests run it: a fresh process
+    without TRITON_INTERPRET) compiles for sm_90 on this CPU, and rejects what the interpreter forgives."""
+    import ast
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("the kernels extra is not installed here")
+    cells = json.loads(SOURCE.read_text())["cells"]
+    cell = next("".join(c["source"]) for c in cells if c.get("id") == "launch-recorder")
+    compiler = next(node.value.value for node in ast.parse(cell).body if isinstance(node, ast.Assign)
+                    and getattr(node.targets[0], "id", None) == "_COMPILER")
+    job = {"source": FP16_ACCUMULATOR.replace("ACC", acc), "name": "dot_kernel", "target": ["cuda", 90, 32],
+           "types": {"a_ptr": "*fp32", "c_ptr": "*fp32", "K": "i32", "BM": ["constexpr", 16]}}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with __import__("tempfile").TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", compiler], input=json.dumps(job), capture_output=True, text=True,
+                             env=env | {"TRITON_CACHE_DIR": cache}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    error, failed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert failed is None, f"Triton could not compile for sm_90 here: {failed}"
+    assert (error is not None) == rejected, error
+    if rejected:
+        assert "Loop-carried variable acc" in error, error
+
+
 # ------------------------------------------------------------------------------------------ compiled on a GPU
 def _cuda_or_skip():
     import torch
