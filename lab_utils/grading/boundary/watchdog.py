@@ -98,6 +98,9 @@ def limit_resources(memory_mb: int) -> None:  # runs in the child between fork a
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # no POSIX message queue: one outlives its maker, and where /dev/mqueue is not mounted nothing can list or remove
+    # it (a dead drop from one submission to the next of the same user, separate_user.SHARED_FOLDERS' blind spot)
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
     cap = memory_mb * 4 << 20  # address space per process: generous (torch reserves far more than it touches)
     try:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))

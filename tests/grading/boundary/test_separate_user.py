@@ -347,3 +347,34 @@ def test_a_process_that_appears_between_the_scan_and_the_kill_is_killed_too(tmp_
             late[0].kill()
             late[0].wait()
     assert late and not alive, "a process that appeared after the kill's scan outlived the subject"
+
+
+def _mq_open_in_child(limited: bool) -> int:
+    """0 if a child (with the subject's limits when ``limited``) made a POSIX message queue, else its errno."""
+    import ctypes
+
+    name = f"/dtlabs-test-drop-{uuid.uuid4().hex[:8]}".encode()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            if limited:
+                watchdog.limit_resources(4096)
+            rt = ctypes.CDLL("librt.so.1", use_errno=True)
+            fd = rt.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)
+            code = 0 if fd >= 0 else ctypes.get_errno()
+            if fd >= 0:
+                rt.mq_unlink(name)
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_subject_can_make_no_posix_message_queue():
+    """A POSIX message queue outlives its maker, and where /dev/mqueue is not mounted nothing can list or remove it: a
+    dead drop for the next submission of the same user. The subject's limits (every mode) allow none; the control,
+    without them, makes one."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("POSIX message queues as Linux has them")
+    assert _mq_open_in_child(limited=False) == 0, "this machine makes no message queue at all: the test proves nothing"
+    assert _mq_open_in_child(limited=True) != 0
