@@ -5,8 +5,8 @@
 | launch      | the public API: ``launch``, ``prewarm``, ``run_as_student``, and the hook grading installs     |
 | group       | one running group of ranks: rendezvous, pipes, supervision (used by ``launch`` and ``magic``) |
 | events      | what ranks report: the ``Rank`` record, its states, the events its pipes become              |
-| zygote      | the warm fork server, both sides of its protocol                                               |
-| worker      | what a rank process runs (one job, or cells for ``%%distributed``)                             |
+| zygote      | the warm fork server (on a network of the ranks' own: ``lab_utils.netns``), its protocol       |
+| worker      | what a rank process runs (one job, or cells for ``%%distributed``), and a launch's rendezvous  |
 | diagnostics | a failure in words a student can act on (root-cause rank, collective, cell line)              |
 | magic       | ``%dist`` / ``%%distributed`` / ``%%rank``: persistent ranks                                    |
 | backend     | gloo or NCCL, threads per rank, loopback: decided without touching CUDA                        |
