@@ -80,11 +80,8 @@ def set_name(name: str) -> None:
 
 
 def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, watch_s: float | None = None) -> None:
-    """Get ``sig`` when our parent dies (Linux ``PR_SET_PDEATHSIG``); exit now if it already has.
-
-    ``watch_s`` also starts a thread that exits this process once the parent is gone (other systems, and a
-    second line of defence after a fork).
-    """
+    """Get ``sig`` when our parent dies (Linux ``PR_SET_PDEATHSIG``); exit now if it already has. ``watch_s``: a
+    thread also exits this process once the parent is gone (other systems; a second defence after a fork)."""
     _prctl(PR_SET_PDEATHSIG, int(sig))
     if os.getppid() != expected_parent:  # the parent died before prctl took effect
         os._exit(1)
@@ -115,11 +112,9 @@ def collector_off_while_importing():
 
 
 class ForkedChild:
-    """``target(*args)`` in a child made with ``os.fork``, behind the three ``Popen`` methods callers use
-    (``poll``, ``send_signal``, ``wait``), so a forked helper and a spawned one are handled alike.
-
-    The child exits with ``os._exit`` when ``target`` returns (0) or raises (1, traceback on stderr): it never
-    runs the parent's atexit handlers or returns into the parent's code."""
+    """``target(*args)`` in a child made with ``os.fork``, behind the three ``Popen`` methods callers use (``poll``,
+    ``send_signal``, ``wait``), so a forked helper and a spawned one are handled alike. The child ends with
+    ``os._exit`` when ``target`` returns (0) or raises (1, traceback on stderr): never in the parent's atexit or code."""
 
     def __init__(self, target, *args):
         sys.stdout.flush()
@@ -249,29 +244,34 @@ def kill_leader(p) -> None:
         pass
 
 
+def children_of(pid: int) -> list[int] | None:
+    """``pid``'s children, from the kernel's per-thread lists (``/proc/PID/task/TID/children``); [] when ``pid`` is
+    gone, None where the kernel keeps no such lists."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids += [int(x) for x in fh.read().split()]
+        except (OSError, ValueError):  # the thread ended, or the kernel has no such lists (no CONFIG_PROC_CHILDREN)
+            if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+                return None
+    return kids
+
+
 def _descendant_pids(pid: int) -> list[int] | None:
-    """``pid``'s descendants from the kernel's per-thread lists of children (``/proc/PID/task/TID/children``): reads
-    in proportion to the tree, where psutil reads every process on the machine (a sandbox's watchdog asks ten times a
-    second). None where the kernel keeps no such lists."""
+    """``pid``'s descendants (``children_of``, level by level): reads in proportion to the tree, where psutil reads
+    every process on the machine (a sandbox's watchdog asks ten times a second). None where the kernel has no lists."""
     found, todo = [], [pid]
     while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue  # gone
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as fh:
-                    kids = [int(x) for x in fh.read().split()]
-            except FileNotFoundError:
-                if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
-                    return None  # a kernel without CONFIG_PROC_CHILDREN
-                continue  # the thread ended
-            except (OSError, ValueError):
-                continue
-            found += kids
-            todo += kids
+        kids = children_of(todo.pop())
+        if kids is None:
+            return None
+        found += kids
+        todo += kids
     return found
 
 

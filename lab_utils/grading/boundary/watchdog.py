@@ -74,23 +74,17 @@ def reap_adopted(keep=()) -> int:
     which its ``Popen`` reaps): the orphans it adopted as a subreaper. A submission that forks and exits in a loop (a
     hopper) leaves one such zombie per hop; unreaped they took every pid of the machine (kernel.pid_max), and every
     later fork or thread there failed. Returns how many were reaped."""
-    me, session, reaped = os.getpid(), os.getsid(0), 0
-    for tid in os.listdir(f"/proc/{me}/task"):
-        try:
-            with open(f"/proc/{me}/task/{tid}/children") as fh:
-                kids = [int(x) for x in fh.read().split()]
-        except (OSError, ValueError):
+    session, reaped = os.getsid(0), 0
+    for pid in processes.children_of(os.getpid()) or ():
+        if pid in keep:
             continue
-        for pid in kids:
-            if pid in keep:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as fh:
-                    fields = fh.read().rpartition(b")")[2].split()  # state, ppid, pgrp, session, ...
-                if fields[0] == b"Z" and int(fields[3]) != session and os.waitpid(pid, os.WNOHANG)[0]:
-                    reaped += 1
-            except (OSError, ValueError, IndexError):
-                continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rpartition(b")")[2].split()  # state, ppid, pgrp, session, ...
+            if fields[0] == b"Z" and int(fields[3]) != session and os.waitpid(pid, os.WNOHANG)[0]:
+                reaped += 1
+        except (OSError, ValueError, IndexError):
+            continue
     return reaped
 
 
@@ -228,9 +222,7 @@ class Box:
 
     def _watch(self) -> None:
         polls = 0
-        while not self._stop.wait(self.limits.poll_s):
-            if self.mode != "bwrap":  # outside bubblewrap this process adopts the submission's orphans
-                reap_adopted(keep=(self.popen.pid,))
+        while not self._stop.wait(self.limits.poll_s):  # (each check's members() reaps the adopted orphans first)
             if self.popen.poll() is not None:
                 return
             polls += 1
