@@ -27,6 +27,9 @@ from lab_utils import processes
 from lab_utils.grading.boundary import mounts, sandbox, separate_user, watchdog
 
 SUBJECT = "dtlabs-subject"
+# One worker for the whole file: every test is the separate user, and end_user on one worker SIGKILLed another
+# worker's subject mid-test (a -n 2 run: "died with <Signals.SIGKILL: 9>", "the check could not run as ...")
+pytestmark = pytest.mark.xdist_group("separate-user")
 USER_PYTHON = "/usr/bin/python3"  # the grader's Python may lie where that user cannot go (a venv under /root)
 
 # A hopper: a new session, then forks and exits in a tight loop, inside its own Landlock domain when asked (as the
