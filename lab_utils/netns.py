@@ -11,6 +11,10 @@ ranks on the machine's loopback, and ``dtlabs doctor`` says so. The namespace ma
 capabilities it grants reach no further than itself (what ``unshare -Urn`` gives any user), and the zygote keeps
 them: it reads the environment of what its ranks start, programs they exec'd included. Stdlib only: the zygote
 calls it before ``import torch``.
+
+Other processes of the same student join that network when they start (``join``, in the child between fork and
+exec): torchrun's agents and their workers (``lab_utils.labkit.torchrun``), and the warm servers that fork them. The
+owner of a user namespace may enter it (``setns``), as ``nsenter --preserve-credentials`` does; nobody else may.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import struct
 import sys
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+JOIN_VAR = "DTLABS_NETNS_OF"  # a process's environment: the pid whose network it joins when it starts (``preexec``)
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = struct.Struct("16sH14x")
 PRIVATE = "private"  # what ``enter`` returns when the ranks' network is their own
@@ -71,3 +76,36 @@ def _enter_here() -> str:
         return f"the new namespace could not be set up ({exc.strerror or exc})"
     return PRIVATE
 
+
+
+def joinable(pid: int) -> bool:
+    """Whether a process of this user started now can join ``pid``'s user and network namespaces: they differ from
+    this process's own, and their files open (a process that is not dumpable, or another user's, refuses)."""
+    try:
+        if os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            return False
+        for ns in ("user", "net"):
+            os.close(os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY))
+    except OSError:
+        return False
+    return True
+
+
+def join(pid: int) -> None:
+    """Enter ``pid``'s user namespace, then its network: in a single-threaded process (a child between fork and
+    exec), before it opens a socket. OSError if either is refused."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for ns, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET)):
+        fd = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, flag) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"could not join the ranks' {ns} namespace: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
+
+def preexec(env: dict):
+    """The ``preexec_fn`` that joins the network ``env[JOIN_VAR]`` names, or None where it names none."""
+    pid = env.get(JOIN_VAR)
+    return (lambda: join(int(pid))) if pid else None

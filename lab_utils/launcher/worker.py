@@ -53,7 +53,9 @@ def rank_after_fork(rank: int, fds: list[int], zygote_pid: int, launcher_pid: in
 
 def keep_store(listener, hold_r: int, zygote_pid: int) -> None:
     """Host a launch's rendezvous: a ``TCPStore`` on ``listener`` (bound in the ranks' network, where the launcher's
-    process cannot listen) until ``hold_r`` reaches its end (the launch closed, or its launcher died)."""
+    process cannot listen) until ``hold_r`` reaches its end (the launch closed, or its launcher died). Each line
+    read from ``hold_r`` adds 1 to the key it names: how a process outside that network still counts into the
+    store (torchrun's harness, the agents that have exited)."""
     from datetime import timedelta
 
     os.setsid()
@@ -66,8 +68,10 @@ def keep_store(listener, hold_r: int, zygote_pid: int) -> None:
     port = listener.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", port, world_size=None, is_master=True, timeout=timedelta(hours=1),
                           wait_for_workers=False, master_listen_fd=listener.detach())
-    while os.read(hold_r, 1):
-        pass
+    with os.fdopen(hold_r, "rb", buffering=0) as hold:
+        for line in iter(hold.readline, b""):
+            if line.strip():
+                store.add(line.strip().decode(errors="replace"), 1)
     del store
     os._exit(0)
 

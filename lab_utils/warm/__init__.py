@@ -39,7 +39,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from lab_utils import processes, sockets, tempdirs
+from lab_utils import netns, processes, sockets, tempdirs
 
 ADDRESS_VAR = "DTLABS_WARM_KERNEL_SERVER"  # a server's address and key, for the nbgrader runs of one grading
 FOLDER_PREFIX = "dtlabs-warm-"  # a server's private folder (0700), with its socket
@@ -75,7 +75,8 @@ PRELOAD = (
 )
 # Environment that decides what an import finds or how an extension initialises: a server serves only kernels whose
 # values match those it imported under (OMP_NUM_THREADS included: libgomp reads it when torch loads it).
-KEY_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE",
+KEY_VARS = (netns.JOIN_VAR,  # the network it runs in: a server joins it when it starts, and its children are in it
+            "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE",
             "LD_PRELOAD", "LD_LIBRARY_PATH", "OPENBLAS_THREAD_TIMEOUT")  # OpenBLAS reads its spin when numpy loads it
 KEY_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_")  # OPENBLAS_NUM_THREADS: set in the kernel (_openblas_threads)
 PAD_VAR = "DTLABS_WARM_ENV_ROOM"
@@ -134,7 +135,7 @@ class Server:
                  "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])", *map(str, fds),
                  json.dumps(dataclasses.asdict(kind)), self.folder, "#" * ARG_ROOM],
                 pass_fds=fds, cwd="/", env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, start_new_session=True)
+                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=netns.preexec(env))
         finally:
             theirs.close()
             listener.close()

@@ -5,7 +5,8 @@ logged in beside them listens everywhere he can and hears nothing of theirs.
   as JupyterLab drives it, with a token she asked the hub for with her password): the setup, a ``launch``, a
   ``%%distributed`` session; among them cells whose code, printed output and tensors carry secrets of this run: a
   ``launch`` whose 2 ranks all-reduce a secret tensor until the test has looked (rank 0 also hands its tensor over
-  through the rendezvous store), and a ``%%distributed`` cell that does the same. Student B (dtl-bob), logged in too,
+  through the rendezvous store), a ``%%distributed`` cell that does the same, and, as Labs 05 and 09 do, two torchrun
+  agents whose workers all-reduce a secret tensor until the test has looked. Student B (dtl-bob), logged in too,
   runs ``tests/helpers/eavesdrop.py`` from a shell on the machine (the system Python: ``--speak --proc``): every
   listening Unix socket and TCP port he can see, in /proc/net and in every other process's network namespace table,
   connected, subscribed as ZeroMQ's SUB, spoken to as a TCPStore client and an HTTP client; every other user's /proc
@@ -83,16 +84,16 @@ def said(got: dict) -> str:
 
 def _secrets() -> dict:
     """This run's secrets: the code's, the output's, and two tensors' values (rank r holds values * (r + 1))."""
-    values = [[float(random.randrange(1_000_000, 5_000_000)) for _ in range(4)] for _ in range(2)]
+    values = [[float(random.randrange(1_000_000, 5_000_000)) for _ in range(4)] for _ in range(3)]
     return {"code": f"dtlabs-code-{secrets.token_hex(8)}", "out": f"dtlabs-out-{secrets.token_hex(8)}",
-            "launch": values[0], "dist": values[1]}
+            "launch": values[0], "dist": values[1], "torchrun": values[2]}
 
 
 def _needles(s: dict) -> dict:
     """needle -> what it is: the code, the output, each tensor's all-reduced values as printed and every rank's
     float32 bytes (its input, the sum)."""
     out = {s["code"]: "code", s["out"]: "output"}
-    for name in ("launch", "dist"):
+    for name in ("launch", "dist", "torchrun"):
         out[str([3 * v for v in s[name]])] = f"{name} tensor, as printed"
         for k in (1, 2, 3):
             out["hex:" + struct.pack("<4f", *(k * v for v in s[name])).hex()] = f"{name} tensor x{k}, float32 bytes"
@@ -118,6 +119,30 @@ def hold(release):
     return s.tolist()
 
 print("launch returned", launch(hold, world_size=2, args=({release!r},), timeout=150))
+'''
+TORCHRUN = '''
+import os, tempfile
+from lab_utils.labkit.torchrun import run_nodes
+# {code}
+folder = tempfile.mkdtemp()
+with open(os.path.join(folder, "hold.py"), "w") as f:
+    f.write("""
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor({values}) * (dist.get_rank() + 1)
+s = t.clone()
+dist.all_reduce(s)
+print("dtlabs-out-" + "{reversed_hex}"[::-1], "holding", s.tolist(), flush=True)
+deadline = time.monotonic() + 120
+while not os.path.exists({release!r}) and time.monotonic() < deadline:
+    s = t.clone()
+    dist.all_reduce(s)  # the secret tensor crosses between the nodes' workers until the test has looked
+    time.sleep(0.05)
+dist.destroy_process_group()
+""")
+run = run_nodes(os.path.join(folder, "hold.py"), nnodes=2, rdzv="c10d", timeout=150)
+print("torchrun ok", run.ok)
 '''
 DIST = '''%%distributed
 # {code}
@@ -192,6 +217,13 @@ def _alice_works_while_bob_listens(alice, course, release, sec, needles) -> tupl
         outs["dist"] = kernel.run(DIST.format(values=sec["dist"], **fill))
         outs["pull"] = kernel.run("from_ranks = %dist pull s\nprint('pulled', [t.tolist() for t in from_ranks])")
         outs[pull] = kernel.run(code[pull])
+        # Lab 05's and 09's way: two torchrun agents (each a "node") whose workers all-reduce a secret tensor
+        release.unlink()
+        run = kernel.execute(TORCHRUN.format(values=sec["torchrun"], release=str(release), **fill))
+        kernel.wait(run, 180, until=lambda text: text.count("holding") == 2)
+        time.sleep(6)  # B's scanner finds the agents', workers' and store's endpoints and processes (within 2 s)
+        release.touch()
+        outs["torchrun"] = kernel.wait(run, 120)
         heard = scan.stop()
         scan = None
     finally:
@@ -201,15 +233,17 @@ def _alice_works_while_bob_listens(alice, course, release, sec, needles) -> tupl
         kernel.close()
         alice.clean()
     TIMINGS["classmates: A's Lab 01 cells while B listens"] = time.monotonic() - t1
-    total = {name: str([3 * v for v in sec[name]]) for name in ("launch", "dist")}
+    total = {name: str([3 * v for v in sec[name]]) for name in ("launch", "dist", "torchrun")}
     assert "[rank 0]" in outs[hello] and "[rank 1]" in outs[hello], outs[hello]
     assert outs["hold"].count(sec["out"]) == 2 and f"launch returned [{total['launch']}, {total['launch']}]" \
         in outs["hold"], outs["hold"]
     assert outs["dist"].count(sec["out"]) == 2 and outs["dist"].count(total["dist"]) == 2, outs["dist"]
     assert f"pulled [{total['dist']}, {total['dist']}]" in outs["pull"], outs["pull"]
     assert "x on each rank: [[3.0], [3.0]]" in outs[pull], outs[pull]
-    report(f"[classmates] A ran Lab 01's cells {sorted(i for i in outs if isinstance(i, int))}, a 2-rank launch "
-           f"and a %%distributed cell all-reducing secret tensors: all right. {said(heard)}; A's secrets heard: "
+    assert outs["torchrun"].count(sec["out"]) == 2 and outs["torchrun"].count(total["torchrun"]) == 2 and \
+        "torchrun ok True" in outs["torchrun"], outs["torchrun"]
+    report(f"[classmates] A ran Lab 01's cells {sorted(i for i in outs if isinstance(i, int))}, a 2-rank launch, "
+           f"a %%distributed cell and a 2-node torchrun run all-reducing secret tensors: all right. {said(heard)}; A's secrets heard: "
            f"{[needles[n] + ' at ' + where for where, n in heard['heard']] or 'none'}")
     return outs, heard
 

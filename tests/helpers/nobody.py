@@ -75,3 +75,63 @@ def hidden_lines(root: Path, lab: str) -> list:
     found = {line.strip() for c in nb.cells for line in split_hidden(c.source)[1] if len(line.strip()) >= 24}
     assert found, f"{lab} has no hidden test lines to listen for"
     return sorted(found)
+
+
+CONNECT = """
+import json, socket, sys
+got = {}
+for port in map(int, sys.argv[1:]):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"\\x00" * 64)  # junk, as a prober would send: the run must not notice
+        got[port] = "connected"
+    except OSError as exc:
+        got[port] = type(exc).__name__
+    finally:
+        s.close()
+print(json.dumps(got))
+"""
+
+
+def connect(ports) -> dict:
+    """``nobody`` connects to each of ``ports`` on the machine's loopback and sends junk: {port: "connected" or the
+    error's name}."""
+    tried = subprocess.run([SYSTEM_PYTHON, "-I", "-c", CONNECT, *map(str, sorted(ports))], user=NOBODY, group=NOBODY,
+                           extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60)
+    return json.loads(tried.stdout)
+
+
+def listening_ports(pid: int) -> set:
+    """The TCP ports process ``pid`` itself listens on (sockets among its descriptors), in its own network."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone
+        return set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            table = open(f"/proc/{pid}/net/{name}").read().splitlines()[1:]
+        except OSError:
+            return ports
+        for line in table:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN, and this process's
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def machine_ports() -> set:
+    """The ports something listens on in this process's network (the machine's loopback): a number the ranks use in
+    a network of their own may be another program's here, and proves nothing."""
+    return {int(line.split()[1].rsplit(":", 1)[1], 16) for name in ("tcp", "tcp6")
+            for line in open(f"/proc/self/net/{name}").read().splitlines()[1:] if line.split()[3] == "0A"}

@@ -186,11 +186,24 @@ def test_kernel_death_takes_agents_and_workers_along(tmp_path):
     nodes.remove_stale_log_folders()
 
 
+def _listener_where_ranks_listen():
+    """A process of this user listening in the network the run's agents use (the ranks' own where the zygote has one,
+    ``lab_utils.netns``; else the machine's): (the process, its port)."""
+    from lab_utils import netns
+    from lab_utils.launcher import zygote
+
+    z = zygote.get_zygote()
+    z.ready.wait(120)
+    env = dict(os.environ)
+    if z.network == netns.PRIVATE:
+        env[netns.JOIN_VAR] = str(z.proc.pid)
+    proc = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=netns.preexec(env))
+    return proc, int(proc.stdout.readline())
+
+
 def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
-    busy = socket.socket()
-    busy.bind(("127.0.0.1", 0))
-    busy.listen()
-    taken = busy.getsockname()[1]
+    busy, taken = _listener_where_ranks_listen()
     ports = iter([taken])
     real = nodes.free_port
     monkeypatch.setattr(nodes, "free_port", lambda: next(ports, None) or real())
@@ -198,7 +211,8 @@ def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch):
     try:
         result = run_nodes(script, nnodes=2, timeout=120, quiet=True)
     finally:
-        busy.close()
+        busy.kill()
+        busy.wait()
     assert result.ok and result.port != taken, "the run should have moved to a free port"
     assert len([t for _, t in result.lines if t.startswith("RESULT")]) == 2
 
@@ -222,9 +236,9 @@ def test_a_port_is_taken_only_by_a_process_that_is_not_of_the_run(monkeypatch):
         assert reaping.port_owners(our_port, [], [], run_id) == ({ours.pid}, set())
         assert reaping.port_owners(other_port, [], [], run_id) == ({other.pid}, {other.pid})
         looks = iter([{None}, {ours.pid}])
-        monkeypatch.setattr(reaping, "_listeners", lambda port: next(looks))
+        monkeypatch.setattr(reaping, "_listeners", lambda port, network=None: next(looks))
         assert reaping.port_owners(our_port, [], [], run_id) == ({ours.pid}, set()), "a nameless owner is looked at twice"
-        monkeypatch.setattr(reaping, "_listeners", lambda port: {None})
+        monkeypatch.setattr(reaping, "_listeners", lambda port, network=None: {None})
         assert reaping.port_owners(our_port, [], [], run_id)[1] == {None}, "still nameless: another user's process"
     finally:
         for proc in (ours, other):
@@ -308,8 +322,14 @@ def test_c10d_agents_join_the_store_this_process_hosts(tmp_path):
         assert "--rdzv-conf=is_host=false" in cmd and f"--rdzv-endpoint=127.0.0.1:{result.port}" in cmd, cmd
     sums = [t for _, t in result.lines if t.startswith("RESULT")]
     assert len(sums) == 2 and all(t.endswith("[3.0, 3.0]") for t in sums), sums
-    with socket.socket() as s:  # the store lived in this process and is gone with the run
-        assert s.connect_ex(("127.0.0.1", result.port)) != 0, "the run's store still listens after the run"
+    from lab_utils.launcher import zygote
+
+    z = zygote.get_zygote()  # the store lived in the ranks' network (the zygote's) and is gone with the run
+    network = z.proc.pid if os.readlink(f"/proc/{z.proc.pid}/ns/net") != os.readlink("/proc/self/ns/net") else None
+    deadline = time.monotonic() + 10
+    while reaping._listeners(result.port, network) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not reaping._listeners(result.port, network), "the run's store still listens after the run"
 
 
 @pytest.mark.timeout(120)  # each wait below may last HOST_WAIT_S (600 s here) if it waits for the wrong thing

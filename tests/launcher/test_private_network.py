@@ -5,7 +5,6 @@ listen on, while they run; the control, with ``c.DTLabs.private_network`` off, s
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 
@@ -13,65 +12,20 @@ import psutil
 import pytest
 
 from helpers import launch as h
+from helpers import nobody
 from lab_utils import launch
 from lab_utils import netns
 from lab_utils.launcher import zygote
-
-CONNECT = """
-import json, socket, sys
-got = {}
-for port in map(int, sys.argv[1:]):
-    s = socket.socket()
-    s.settimeout(2)
-    try:
-        s.connect(("127.0.0.1", port))
-        s.sendall(b"\\x00" * 64)  # junk, as a prober would send: the run must not notice
-        got[port] = "connected"
-    except OSError as exc:
-        got[port] = type(exc).__name__
-    finally:
-        s.close()
-print(json.dumps(got))
-"""
-
 
 def _namespaces_allowed() -> bool:
     probe = subprocess.run(["unshare", "--user", "--map-current-user", "--net", "true"], capture_output=True)
     return probe.returncode == 0
 
 
-def _listening(pid: int) -> set:
-    """The TCP ports process ``pid`` itself listens on (sockets among its descriptors), in its own network."""
-    inodes = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:  # gone (an earlier launch's store, ending)
-        return set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            table = open(f"/proc/{pid}/net/{name}").read().splitlines()[1:]
-        except OSError:
-            return ports
-        for line in table:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN, and this process's
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 def _probe_while_held(tmp_path, private: bool) -> dict:
     """Launch 2 ranks that all-reduce and hold; meanwhile ``nobody`` connects to every port they listen on."""
-    system_python = shutil.which("python3", path="/usr/bin:/bin")
-    if os.geteuid() != 0 or not system_python:
-        pytest.skip("needs root (to run a process as nobody) and /usr/bin/python3 (a Python nobody can run)")
+    if nobody.why_not():
+        pytest.skip(nobody.why_not())
     os.environ["DTLABS_PRIVATE_NETWORK"] = "1" if private else "0"
     zygote.shutdown()  # the next launch starts a zygote that reads the setting
     flag = tmp_path / "release"
@@ -82,13 +36,10 @@ def _probe_while_held(tmp_path, private: bool) -> dict:
     try:
         ranks = h.wait_for_ranks(2, timeout=90)
         store = [p.pid for p in psutil.Process().children(recursive=True) if p.name() == "dtlabs-store"]
-        ports = set().union(*(_listening(pid) for pid in ranks + store))
+        ports = set().union(*(nobody.listening_ports(pid) for pid in ranks + store))
         if private:  # the same numbers may be another program's on the machine's loopback: not the ranks'
-            ports -= {int(line.split()[1].rsplit(":", 1)[1], 16) for name in ("tcp", "tcp6")
-                      for line in open(f"/proc/self/net/{name}").read().splitlines()[1:] if line.split()[3] == "0A"}
-        tried = subprocess.run([system_python, "-I", "-c", CONNECT, *map(str, sorted(ports))], user=65534,
-                               group=65534, extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60)
-        out["probe"] = __import__("json").loads(tried.stdout)
+            ports -= nobody.machine_ports()
+        out["probe"] = nobody.connect(ports)
         out["ports"] = ports
     finally:
         flag.touch()

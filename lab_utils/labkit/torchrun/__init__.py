@@ -4,6 +4,8 @@
 
 Each "node" is a real ``torchrun`` agent (``python -m torch.distributed.run``) on 127.0.0.1, started exactly
 as you would start one per machine (``agent_command`` returns that command line, for a slide or a terminal).
+That 127.0.0.1 is the ranks' own network wherever the launcher's zygote has one (``lab_utils.netns``): the agents,
+their workers and the run's store join it, so no other user of the machine reaches them; elsewhere, the machine's.
 What this module adds around torchrun, and why:
 - Output of every agent and its workers streams into the cell as ``[node i] ...``, printed from the calling
   thread (ipykernel routes output from background threads unreliably).
@@ -20,8 +22,9 @@ What this module adds around torchrun, and why:
 - No agent's exit strands another. The agent that hosts the rendezvous store must outlive every agent that
   still talks to it (the exit barrier, the rendezvous shutdown); on a loaded machine a host that finishes
   first fails the other agent with "Failed to recv ... Did the remote server shutdown or crash?". So with
-  c10d this process hosts the rendezvous store itself (a ``TCPStore`` on port 0, alive until every agent is
-  gone) and every agent joins it without hosting (``--rdzv-conf=is_host=false``). A static rendezvous always
+  c10d the run has a rendezvous store of its own (a ``TCPStore`` on port 0, alive until every agent is gone,
+  which the launcher's zygote hosts for this process in the ranks' network) and every agent joins it without
+  hosting (``--rdzv-conf=is_host=false``). A static rendezvous always
   has node 0 host the store, so node 0's agent waits, after torchrun is done, until this process has seen every
   other agent exit (``DTLABS_AGENT_STORE``: where it asks; capped at ``HOST_WAIT_S``).
 - Elastic runs (Lab 09): ``min_nodes`` makes the agents' ``--nnodes=MIN:MAX``, and ``events`` lets the job's own

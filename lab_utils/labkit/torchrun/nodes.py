@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from lab_utils import processes, tempdirs
+from lab_utils import netns, processes, tempdirs
 from lab_utils.labkit.torchrun import warmstart
 from lab_utils.labkit.torchrun.reaping import MARKER, kill_node, port_owners, reap, remember_children
 
@@ -142,10 +142,13 @@ def write_script(path, *functions, main: str, header: str = "") -> str:
     return str(path)
 
 
-def _agent_env(run_id, nranks, env):
+def _agent_env(run_id, nranks, env, join=None):
     from lab_utils.launcher.backend import loopback_ifname, threads_per_rank
 
     out = dict(os.environ)
+    if join is not None:  # agents and workers start in the ranks' network (``_RunStore``), quiet as the ranks are
+        out[netns.JOIN_VAR] = str(join)
+        out.setdefault("TORCH_CPP_LOG_LEVEL", netns.LOG_LEVEL)
     out.update({
         MARKER: run_id,
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # pytorch#135712: restarts with gloo otherwise hang
@@ -160,31 +163,83 @@ def _agent_env(run_id, nranks, env):
     return out
 
 
-def _run_store():
-    """The run's own TCPStore, hosted here on a port the OS picks: c10d's rendezvous store, and where a static
-    run's node 0 learns that the other agents are gone."""
-    from datetime import timedelta
+class _RunStore:
+    """The run's own TCPStore: c10d's rendezvous store, and where a static run's node 0 learns that the other agents
+    are gone. The launcher's fork server hosts it (``worker.keep_store``) in the ranks' network, and where that
+    network is the ranks' own (``lab_utils.netns``) the agents join it (``join``: the zygote's pid), so no other user
+    of the machine reaches the store, the agents or the workers. Where they cannot join it (the zygote is not
+    dumpable, or the fork server did not start), this process hosts the store on the machine's loopback instead.
+    Either way on a port the OS hands out while it binds."""
 
-    from torch.distributed import TCPStore
+    def __init__(self):
+        from lab_utils.launcher import zygote
 
-    return TCPStore(HOST, 0, is_master=True, wait_for_workers=False, multi_tenant=True,
-                    timeout=timedelta(seconds=30))
+        self.join, self._hold, self._store = None, None, None
+        try:
+            with zygote.lock:
+                z = zygote.get_zygote()
+                hold_r, hold_w = os.pipe()
+                try:
+                    port = z.store(hold_r)
+                finally:
+                    os.close(hold_r)
+        except (OSError, queue.Empty):
+            port, z = None, None
+        if z is not None and (z.network != netns.PRIVATE or netns.joinable(z.proc.pid)):
+            self.port, self._hold = port, hold_w
+            self.join = z.proc.pid if z.network == netns.PRIVATE else None
+            return
+        if port is not None:
+            os.close(hold_w)  # the fork server's store is out of the agents' reach
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        self._store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                               timeout=timedelta(seconds=30))
+        self.port = self._store.port
+
+    def count(self, key: str) -> None:
+        """Add 1 to ``key``."""
+        if self._store is not None:
+            self._store.add(key, 1)
+        else:
+            os.write(self._hold, key.encode() + b"\n")
+
+    def close(self) -> None:
+        """The store goes (only once every agent is gone)."""
+        if self._hold is not None:
+            os.close(self._hold)
+            self._hold = None
+        self._store = None
 
 
 def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd, quiet, port,
           min_nodes=None, max_nodes=None, rdzv_conf=None, events=None):
     run_id = uuid.uuid4().hex[:12]
     max_nodes = max_nodes or nnodes
-    agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env)
-    agent_env.update(warmstart.shared_env(agent_env))
+    # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
+    # folder in /tmp and never removes it; this one goes when the run does (the finally below), or, where this
+    # process was killed first and its agents in turn, with the next run's start
+    remove_stale_log_folders()
+    logs = tempdirs.owned_tempdir(LOG_PREFIX, tag=run_id)
+    store = None
+    try:
+        store = _RunStore()
+        agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env, store.join)
+        agent_env.update(warmstart.shared_env(agent_env))
+    except BaseException:
+        if store is not None:
+            store.close()
+        shutil.rmtree(logs, ignore_errors=True)
+        raise
     queued: queue.Queue = queue.Queue()
     procs, seen, lines, commands = [], [], [], []
     fired, left = [], set()  # (seconds, marker, action, node) of each event; nodes that left on purpose
     pending = dict(events or {})
     clash = False
-    store = _run_store()
     conf = {}
-    if rdzv == "c10d":  # every agent joins the store hosted here; none hosts it, so none can take it away
+    if rdzv == "c10d":  # every agent joins the run's store; none hosts it, so none can take it away
         port, conf = store.port, {"is_host": "false"}
     conf.update(rdzv_conf or {})
     exited = set()
@@ -209,17 +264,13 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         else:
             proc = subprocess.Popen([sys.executable, "-m", "lab_utils.labkit.torchrun.agent", *shim],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env=node_env, cwd=cwd, start_new_session=True)
+                                    env=node_env, cwd=cwd, start_new_session=True,
+                                    preexec_fn=netns.preexec(node_env))
             out, done = proc.stdout.fileno(), lambda n=node: queued.put((n, None))
         procs.append(proc)
         commands.append(cmd)
         processes.pump_lines(out, lambda text, n=node: queued.put((n, text)), done)
 
-    # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
-    # folder in /tmp and never removes it; this one goes when the run does (the finally below), or, where this
-    # process was killed first and its agents in turn, with the next run's start
-    remove_stale_log_folders()
-    logs = tempdirs.owned_tempdir(LOG_PREFIX, tag=run_id)
     try:
         for node in range(nnodes):
             start_agent(node)
@@ -229,7 +280,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                 if node not in exited and proc.poll() is not None:
                     exited.add(node)
                     if node > 0:
-                        store.add(EXITED_KEY, 1)
+                        store.count(EXITED_KEY)
                     if proc.returncode != 0 and failed_at is None and node not in left:
                         failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILED_GRACE_S and any(
@@ -251,7 +302,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                 remember_children(procs, seen)
                 next_scan = time.monotonic() + 1.0
                 if rdzv == "static" and not port_ok:  # torch notices a taken port only after a minute of retries
-                    owners, strangers = port_owners(port, procs, seen, run_id)
+                    owners, strangers = port_owners(port, procs, seen, run_id, store.join)
                     if strangers:
                         lines.append((0, f"port {port} is taken by another process (pid {sorted(map(str, strangers))})"))
                         clash = True
@@ -294,7 +345,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
         for proc in procs:
             if proc.stdout:
                 proc.stdout.close()
-        store = None  # closed only now (its last reference): every agent is gone
+        store.close()  # only now: every agent is gone
         shutil.rmtree(logs, ignore_errors=True)
 
 

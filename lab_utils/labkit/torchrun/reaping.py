@@ -2,6 +2,7 @@
 marker is killed; a node that leaves is killed at once; the run's port is watched for strangers."""
 from __future__ import annotations
 
+import os
 import subprocess
 
 from lab_utils import processes
@@ -64,25 +65,46 @@ def kill_node(proc) -> None:
         processes.kill_leader(p)
 
 
-def _listeners(port: int) -> set:
-    """Pids listening on ``port`` on this machine (None for a process this user may not see)."""
+def _listeners(port: int, network: int | None = None) -> set:
+    """Pids listening on ``port`` on this machine's network, or in the network of process ``network`` (the ranks'
+    own, ``lab_utils.netns``: its socket table is /proc/PID/net, which psutil does not read). None stands for a
+    process this user may not see."""
     import psutil
 
-    try:
-        return {c.pid for c in psutil.net_connections(kind="tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
-    except psutil.Error:
-        return set()
+    if network is None:
+        try:
+            return {c.pid for c in psutil.net_connections(kind="tcp")
+                    if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+        except psutil.Error:
+            return set()
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{network}/net/{table}") as fh:
+                rows = [line.split() for line in fh.readlines()[1:]]
+        except OSError:
+            continue
+        inodes |= {row[9] for row in rows if len(row) > 9 and row[3] == "0A" and int(row[1].rsplit(":", 1)[1], 16) == port}
+    owners = set()
+    for pid in psutil.pids() if inodes else ():
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if links & {f"socket:[{inode}]" for inode in inodes}:
+            owners.add(pid)
+    return owners or ({None} if inodes else set())
 
 
-def port_owners(port, procs, seen, run_id) -> tuple:
-    """Who listens on the run's port: (every owner, those not of this run). psutil maps a socket to its process
+def port_owners(port, procs, seen, run_id, network=None) -> tuple:
+    """Who listens on the run's port (in process ``network``'s network, if given): (every owner, those not of this
+    run). psutil maps a socket to its process
     from a scan of /proc/*/fd taken *before* it reads the socket table, so a socket our agent opened during the
     scan comes back with pid None: an owner nobody can name is looked at once more before it counts as a stranger
     (still None then: a process this user may not see). A process carrying the run's marker is ours even when
     no scan of ``procs``' children has caught it yet."""
     for _ in range(2):  # a second look only while the one stranger is nameless
-        owners = _listeners(port)
+        owners = _listeners(port, network)
         ours = {p.pid for p in procs} | {p.pid for p in seen}
         if owners - ours:
             ours |= {p.pid for p in processes_of(run_id)}
