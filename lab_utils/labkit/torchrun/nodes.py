@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import queue
+import re
 import shutil
 import socket
 import subprocess
@@ -14,8 +15,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from lab_utils import netns, processes, tempdirs
+from lab_utils import cgroups, netns, processes, tempdirs
 from lab_utils.labkit.torchrun import warmstart
+from lab_utils.labkit.torchrun.store import HOST, RunStore
 from lab_utils.labkit.torchrun.reaping import MARKER, kill_node, port_owners, reap, remember_children
 
 LOG_PREFIX = "dtlabs-torchrun-"
@@ -26,7 +28,6 @@ def remove_stale_log_folders() -> list[str]:
     return tempdirs.remove_orphaned_tempdirs(LOG_PREFIX)
 
 
-HOST = "127.0.0.1"
 AGENT_STORE = "DTLABS_AGENT_STORE"  # host:port:n of the run's store, for the agent that must wait for n others
 EXITED_KEY = "dtlabs_agents_exited"
 PORT_RETRIES = 3
@@ -142,12 +143,13 @@ def write_script(path, *functions, main: str, header: str = "") -> str:
     return str(path)
 
 
-def _agent_env(run_id, nranks, env, join=None):
+def _agent_env(run_id, nranks, env, join=None, hosts=None):
     from lab_utils.launcher.backend import loopback_ifname, threads_per_rank
 
     out = dict(os.environ)
-    if join is not None:  # agents and workers start in the ranks' network (``_RunStore``), quiet as the ranks are
+    if join is not None and hosts is None:  # agents and workers start in the ranks' network (``store``)
         out[netns.JOIN_VAR] = str(join)
+    if join is not None:  # quiet as the ranks are: c10d cannot name its peers where no DNS server answers
         out.setdefault("TORCH_CPP_LOG_LEVEL", netns.LOG_LEVEL)
     out.update({
         MARKER: run_id,
@@ -157,65 +159,14 @@ def _agent_env(run_id, nranks, env, join=None):
         "PYTHONPATH": processes.python_path(os.environ.get("PYTHONPATH")),
     })
     ifname = loopback_ifname()
-    if ifname:
+    if ifname and hosts is None:  # on hosts, gloo finds its interface as on a cluster: from the host's own name
         out.setdefault("GLOO_SOCKET_IFNAME", ifname)
     out.update({k: str(v) for k, v in (env or {}).items()})
     return out
 
 
-class _RunStore:
-    """The run's own TCPStore: c10d's rendezvous store, and where a static run's node 0 learns that the other agents
-    are gone. The launcher's fork server hosts it (``worker.keep_store``) in the ranks' network, and where that
-    network is the ranks' own (``lab_utils.netns``) the agents join it (``join``: the zygote's pid), so no other user
-    of the machine reaches the store, the agents or the workers. Where they cannot join it (the zygote is not
-    dumpable, or the fork server did not start), this process hosts the store on the machine's loopback instead.
-    Either way on a port the OS hands out while it binds."""
-
-    def __init__(self):
-        from lab_utils.launcher import zygote
-
-        self.join, self._hold, self._store = None, None, None
-        try:
-            with zygote.lock:
-                z = zygote.get_zygote()
-                hold_r, hold_w = os.pipe()
-                try:
-                    port = z.store(hold_r)
-                finally:
-                    os.close(hold_r)
-        except (OSError, queue.Empty):
-            port, z = None, None
-        if z is not None and (z.network != netns.PRIVATE or netns.joinable(z.proc.pid)):
-            self.port, self._hold = port, hold_w
-            self.join = z.proc.pid if z.network == netns.PRIVATE else None
-            return
-        if port is not None:
-            os.close(hold_w)  # the fork server's store is out of the agents' reach
-        from datetime import timedelta
-
-        from torch.distributed import TCPStore
-
-        self._store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False, multi_tenant=True,
-                               timeout=timedelta(seconds=30))
-        self.port = self._store.port
-
-    def count(self, key: str) -> None:
-        """Add 1 to ``key``."""
-        if self._store is not None:
-            self._store.add(key, 1)
-        else:
-            os.write(self._hold, key.encode() + b"\n")
-
-    def close(self) -> None:
-        """The store goes (only once every agent is gone)."""
-        if self._hold is not None:
-            os.close(self._hold)
-            self._hold = None
-        self._store = None
-
-
 def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd, quiet, port,
-          min_nodes=None, max_nodes=None, rdzv_conf=None, events=None):
+          min_nodes=None, max_nodes=None, rdzv_conf=None, events=None, hosts=None):
     run_id = uuid.uuid4().hex[:12]
     max_nodes = max_nodes or nnodes
     # torchrun's log folder (its workers' error.json files): without --log-dir each agent makes a torchelastic_*
@@ -225,9 +176,10 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
     logs = tempdirs.owned_tempdir(LOG_PREFIX, tag=run_id)
     store = None
     try:
-        store = _RunStore()
-        agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env, store.join)
-        agent_env.update(warmstart.shared_env(agent_env))
+        store = RunStore(hosts)
+        agent_env = _agent_env(run_id, max_nodes * nproc_per_node, env, store.join, hosts)
+        if hosts is None:  # (on hosts every agent and worker starts cold: a warm server runs on one network)
+            agent_env.update(warmstart.shared_env(agent_env))
     except BaseException:
         if store is not None:
             store.close()
@@ -250,14 +202,14 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
     def start_agent(node):
         cmd = agent_command(script, script_args, nnodes=max_nodes, nproc_per_node=nproc_per_node, node_rank=node,
                             rdzv=rdzv, port=port, run_id=run_id, max_restarts=max_restarts, rdzv_conf=conf,
-                            min_nodes=min_nodes)
+                            min_nodes=min_nodes, master_addr=hosts.names[0] if hosts is not None else HOST)
         node_env = agent_env
         if rdzv == "static" and node == 0 and nnodes > 1:  # node 0 hosts the static store: it leaves last
             node_env = {**agent_env, AGENT_STORE: f"{HOST}:{store.port}:{nnodes - 1}"}
         # run torchrun's own main through our tiny shim, which first asks Linux to SIGTERM it if we die; forked
         # from a warm server where one can run (warmstart), else a fresh interpreter
         shim = [str(os.getpid()), f"--log-dir={os.path.join(logs, f'node{node}')}", *cmd[3:]]
-        forked = warmstart.start_agent(shim, node_env, cwd, agent_env)
+        forked = warmstart.start_agent(shim, node_env, cwd, agent_env) if hosts is None else None
         if forked:
             proc, out = forked
             done = lambda n=node, fd=out: (os.close(fd), queued.put((n, None)))  # noqa: E731
@@ -265,7 +217,8 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
             proc = subprocess.Popen([sys.executable, "-m", "lab_utils.labkit.torchrun.agent", *shim],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     env=node_env, cwd=cwd, start_new_session=True,
-                                    preexec_fn=netns.preexec(node_env))
+                                    preexec_fn=netns.preexec(node_env) if hosts is None else
+                                    hosts.preexec(node % len(hosts)))
             out, done = proc.stdout.fileno(), lambda n=node: queued.put((n, None))
         procs.append(proc)
         commands.append(cmd)
@@ -351,7 +304,7 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
 
 def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", max_restarts=0, timeout=60,
               env=None, cwd=None, check=True, quiet=False, min_nodes=None, max_nodes=None, rdzv_conf=None,
-              events=None) -> TorchrunResult:
+              events=None, hosts=None) -> TorchrunResult:
     """Run ``script`` under ``nnodes`` torchrun agents on loopback, each with ``nproc_per_node`` workers.
 
     Returns a ``TorchrunResult``. Raises ``TorchrunTimeout`` past ``timeout`` seconds and, with ``check``,
@@ -364,6 +317,9 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
     ``--nnodes=MIN:MAX``; ``rdzv_conf`` adds rendezvous settings (``last_call_timeout``, ``keep_alive_interval``,
     ...); ``events`` maps a marker to ``"leave"`` or ``"join"``: the first line containing the marker kills the
     node that printed it, or starts one more agent (module docstring).
+
+    ``hosts`` (``hosts.Hosts``): node i's agent runs on host i (modulo their number), each with its own address and
+    name, and the agents meet at the first host's name, as on a cluster; without, every agent runs on loopback.
     """
     for marker, action in (events or {}).items():
         if action not in ("leave", "join") or not marker:
@@ -381,21 +337,34 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
         raise FileNotFoundError(f"no script {script!r} to run (write it first, e.g. with write_script)")
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError(f"need at least one node and one process per node, got {nnodes} x {nproc_per_node}")
+    before = cgroups.memory()  # the out-of-memory kills counted from here are this run's
     for attempt in range(1, PORT_RETRIES + 1):
         port = free_port()
         result, clash = _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeout, env, cwd,
-                              quiet, port, min_nodes, max_nodes, rdzv_conf, events)
+                              quiet, port, min_nodes, max_nodes, rdzv_conf, events, hosts)
         if not clash or attempt == PORT_RETRIES:
             break
         print(f"[torchrun] port {port} was taken by another process; retrying on a new port", flush=True)
     if check and not result.ok:
         codes = ", ".join(f"node {n}: {c}" for n, c in enumerate(result.returncodes) if n not in result.left)
+        oom = _out_of_memory(result, before)
         if quiet:  # nothing was printed: the error carries the first failure itself
             raise TorchrunError(f"torchrun failed (exit codes {codes}); the first failure in its output:\n"
-                                f"{first_failure(result.lines)}", result)
+                                f"{first_failure(result.lines)}{oom}", result)
         raise TorchrunError(f"torchrun failed (exit codes {codes}); the output above shows which rank failed "
-                            "first (look for the first Traceback).", result)
+                            f"first (look for the first Traceback).{oom}", result)
     return result
+
+
+def _out_of_memory(result, before) -> str:
+    """Words for workers the out-of-memory killer stopped (torchrun reports them as ``exitcode : -9``), from the
+    memory cgroup's own count of its kills since ``before``; empty where it counted none."""
+    text = "\n".join(t for _, t in result.lines)
+    killed = [f"worker rank {m[1]}" for m in re.finditer(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*-9\b",
+                                                        text)]
+    words = cgroups.oom_words(killed or ["a torchrun worker"], before,
+                              "Use fewer workers (nproc_per_node, nnodes) or smaller sizes (batch, model, tensors).")
+    return f"\n{words}" if words else ""
 
 
 def first_failure(lines, context: int = 40) -> str:
