@@ -14,7 +14,9 @@
 # dtlabs-students,dtlabs-instructors), DTLABS_INSTRUCTOR (owns the course in the exchange; a hub admin),
 # DTLABS_EXCHANGE (/srv/nbgrader/exchange), TORCH_SPEC (install: default torch; torch==2.13.0 on CPU machines),
 # DTLABS_HUB_HIDEPID=1 (up: hidepid first, opt-in: it is the whole machine's /proc), DTLABS_HUB_HIDEPID_GROUP (a group
-# whose members still see every process: a monitoring service's; default none).
+# whose members still see every process: a monitoring service's; default none). Idle servers and kernels are stopped
+# (jupyterhub-idle-culler, kernel culling): DTLABS_HUB_CULL_TIMEOUT (3600 s), DTLABS_HUB_KERNEL_CULL_TIMEOUT (1200 s)
+# and the other settings that jupyterhub_config.py names pass through `up` to the hub.
 # The course id is grader/nbgrader_config.py's: dtlabs.
 #
 # Students see nbgrader's Assignments list and Validate button; the formgrader, course list and assignment creation
@@ -53,6 +55,11 @@ cmd_install() {
     local t0=$SECONDS
     "$PY" -c "import venv, ensurepip" 2>/dev/null || die "$PY has no venv/ensurepip: apt-get install python3-venv"
     command -v npm >/dev/null || die "no npm: apt-get install npm (for configurable-http-proxy)"
+    # one install at a time: a second one (another terminal, a test run beside another) waits for the first, then
+    # finds the environment built instead of removing it under the first one's feet
+    mkdir -p "$PREFIX"
+    exec 9>"$PREFIX/.install.lock"
+    if command -v flock >/dev/null; then flock 9; fi
     # The environment is rebuilt only when what it is made of changed; the course package is always reinstalled.
     local stamp
     stamp=$(cat "$COURSE_SRC/pyproject.toml" "$HERE/requirements.txt" <(echo "${TORCH_SPEC:-torch}") | sha256sum | cut -c1-16)
