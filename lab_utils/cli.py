@@ -1,6 +1,7 @@
 """``dtlabs``: the course's command line (thin wrappers; nbgrader does the grading).
 
     dtlabs doctor [--grading]         is this machine ready? (torch, backends, GPUs, a 2-rank all-reduce; grading)
+    dtlabs doctor --nodes HOST...     can this node reach the others of a multi-node job? (names, interface, port)
     dtlabs settings                   every setting (c.DTLabs.*), its value and what it means
     dtlabs release [LAB ...]          regenerate labs/ from solutions/ (nbgrader generate_assignment)
     dtlabs validate NOTEBOOK          student's pre-submission check; exit code 0 only if every test passes
@@ -69,6 +70,10 @@ def _course(args):
 
 
 def _doctor(args) -> Status:
+    if args.nodes:
+        from lab_utils.launcher.nodes_check import check_nodes
+
+        return check_nodes(args.nodes, port=args.port)
     from lab_utils.launcher.doctor import doctor
 
     status = doctor()
@@ -248,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fix", action="store_true", help="with --grading, as root: create the separate user submissions "
                                                       "run as where bubblewrap cannot, and close the course to it")
     s.add_argument("--course-root", metavar="DIR", help=COURSE_ROOT_HELP)
+    s.add_argument("--nodes", nargs="+", metavar="HOST", default=None,
+                   help="instead: check, from this node, what a multi-node job needs of HOST... (the first is the "
+                        "master): names that resolve to a shared address, the interface toward it, its --port")
+    s.add_argument("--port", type=int, default=None, help="with --nodes: the master's rendezvous port to try")
     s.set_defaults(func=_doctor)
 
     s = sub.add_parser("settings", help="every setting (c.DTLabs.* in grader/nbgrader_config.py), its value and meaning")

@@ -80,3 +80,42 @@ def test_a_firewall_on_the_first_host_stops_the_job(tmp_path):
             run_nodes(_script(tmp_path), nnodes=2, rdzv="c10d", hosts=hosts, timeout=20, quiet=True)
     _gone(hosts)
     assert "RESULT" not in failed.value.result.output()
+
+
+LISTEN = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29400)); s.listen(); print('up', flush=True); " \
+         "time.sleep(120)"
+
+
+def _doctor(hosts, i, *args, env=None):
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "lab_utils.cli", "doctor", "--nodes", *args], capture_output=True,
+                          text=True, preexec_fn=hosts.preexec(i), env={**os.environ, **(env or {})}, timeout=120)
+    return done.returncode, done.stdout
+
+
+@needs_hosts
+def test_doctor_nodes_names_each_failure_before_a_job():
+    """``dtlabs doctor --nodes`` on node1: its own name on 127.0.1.1, the master's port open, then dropped by a
+    firewall on node0, and GLOO_SOCKET_IFNAME naming an interface that does not reach the master."""
+    import sys
+
+    with Hosts(2, own_name_on_loopback=True) as hosts:
+        listener = hosts.run(0, [sys.executable, "-c", LISTEN], stdout=subprocess.PIPE, text=True)
+        try:
+            assert listener.stdout.readline().strip() == "up"
+            code, said = _doctor(hosts, 1, "node0", "node1", "--port", "29400")
+            assert code == 1 and "node1 = 127.0.1.1" in said and "a loopback address" in said, said
+            assert "master      node0 = 10.77.0.1; this node reaches it from 10.77.0.2 (eth0)" in said, said
+            assert "port        node0:29400 open" in said, said
+            code, said = _doctor(hosts, 1, "node0", "--port", "29400")
+            assert code == 0 and "PROBLEM" not in said, said
+            code, said = _doctor(hosts, 1, "node0", env={"GLOO_SOCKET_IFNAME": "lo"})
+            assert code == 1 and "GLOO_SOCKET_IFNAME=lo, but this node reaches node0 through eth0" in said, said
+            hosts.firewall(0, "29400")
+            code, said = _doctor(hosts, 1, "node0", "--port", "29400")
+            assert code == 1 and "node0:29400 no answer" in said and "a firewall drops it" in said, said
+        finally:
+            listener.kill()
+            listener.wait()
+    _gone(hosts)
