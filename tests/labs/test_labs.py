@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -77,6 +78,8 @@ def test_lab_follows_the_authoring_contract(lab):
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
     ids = [c.get("id") for c in nb.cells]
     assert all(ids) and len(set(ids)) == len(ids), "every cell needs a fixed, unique id"
+    made = [i for i in ids if re.fullmatch(r"[0-9a-f]{8}", i)]  # what nbformat.v4.new_*_cell makes up
+    assert not made, f"cells with made-up ids {made}: give each a readable one (AUTHORING.md)"
     params = nb.cells[1]
     assert "parameters" in params.metadata.get("tags", []), "cell 2 must be the papermill parameters cell"
     assert _meta(params).get("grade_id") == "parameters" and _meta(params).get("locked")
