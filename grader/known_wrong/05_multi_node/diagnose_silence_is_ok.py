@@ -1,0 +1,17 @@
+# replaces: diagnose
+# loses: test_diagnose
+# mistake: reads only gloo's errors, so a firewall that drops the rendezvous (nothing printed, then a timeout) is "ok"
+import re
+
+
+def diagnose(log, addresses):
+    """What stopped a multi-node run: "hostname", "interface", "firewall" or "ok" (see the exercise)."""
+    peers = re.findall(r"remote=\[([0-9a-fA-F.:]+)\]", log)
+    if peers:
+        peer = peers[-1]
+        if peer == "127.0.1.1":
+            return "hostname"
+        if peer not in set(addresses):
+            return "interface"
+        return "firewall"
+    return "ok"
