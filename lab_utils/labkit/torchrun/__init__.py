@@ -47,6 +47,7 @@ What this module adds around torchrun, and why:
 | reaping | nothing survives: agents, workers and marked processes killed; the run's port watched |
 | store   | the run's rendezvous store, where its agents reach it: the ranks' network, the first host, or loopback |
 | hosts   | hosts of their own on one machine: namespaces with an address, a name and an /etc/hosts each |
+| preflight | ``dtlabs doctor --nodes``: names, the interface and the port a multi-node job needs, checked first |
 | agent   | what each agent process runs: torchrun's main, dying with the harness, node 0 staying |
 | warmstart | agents and workers forked from warm servers in the harness's process instead of started cold |
 """
