@@ -71,7 +71,7 @@ def _course(args):
 
 def _doctor(args) -> Status:
     if args.nodes:
-        from lab_utils.launcher.nodes_check import check_nodes
+        from lab_utils.labkit.torchrun.preflight import check_nodes
 
         return check_nodes(args.nodes, port=args.port)
     from lab_utils.launcher.doctor import doctor

@@ -4,6 +4,7 @@ the controller on a login host of its own; munge and the file system shared), as
 
 - train.sbatch with its defaults (train_lab.py, one torchrun agent per node): the agents meet at the first node's
   bridge address, never loopback, and the run ends with the weights of one process training on the whole batch.
+  With the first node's name on 127.0.1.1 in /etc/hosts (Debian's default line), train.sbatch refuses to start.
 - A node crashes while the job trains (its slurmd and every process on it killed, its address gone): Slurm marks it
   DOWN and requeues the job (--requeue); once the node is booted again the job runs again and resumes from its
   checkpoint, not from step 0, and still ends with the same weights.
@@ -37,6 +38,7 @@ SCRIPT = REPO / "grader" / "slurm" / "local-cluster.sh"
 NODES = ["dtlabs-n1", "dtlabs-n2"]
 ADDR = {"dtlabs-head": "10.77.0.1", "dtlabs-n1": "10.77.0.11", "dtlabs-n2": "10.77.0.12"}
 LAB = "01_ddp_setup"
+ETC_HOSTS = Path("/var/lib/slurm/dtlabs/etc-hosts")  # what every host of the cluster sees as its /etc/hosts
 
 
 def cluster(*args, timeout=180, check=True) -> subprocess.CompletedProcess:
@@ -55,7 +57,8 @@ def as_teacher(course: Path, argv, *, env=None, timeout=600, check=True, on=None
            *[f"{k}={v}" for k, v in env.items()], *map(str, argv)]
     res = subprocess.run(cmd, cwd=course, capture_output=True, text=True, timeout=timeout)
     if check:
-        assert res.returncode == 0, f"as {TEACHER}: {shlex.join(map(str, argv))}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
+        assert res.returncode == 0, \
+            f"as {TEACHER}: {shlex.join(map(str, argv))}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
     return res
 
 
@@ -148,6 +151,18 @@ def test_two_hosts_train_like_one(course, two_nodes):
     result = json.loads(log.split("result: ", 1)[1].splitlines()[0])
     assert result["world_size"] == 2 and sorted(r["host"] for r in result["ranks"]) == NODES, result
     _same_weights(result, _reference(course, result["steps"]))
+
+    # the classic failure: Debian's `127.0.1.1 <host name>` line makes the first node's name loopback on itself, where
+    # gloo and the rendezvous would listen out of the other node's reach; train.sbatch refuses at once
+    hosts = ETC_HOSTS.read_text()
+    try:
+        ETC_HOSTS.write_text(f"127.0.1.1 dtlabs-n1\n{hosts}")  # in place: every host's bind mount sees it
+        bad = as_teacher(course, ["sbatch", "--parsable", "--wait", "-N", "2", "--cpus-per-task=1", "--mem=2G",
+                                  "grader/slurm/train.sbatch"], check=False, timeout=300)
+    finally:
+        ETC_HOSTS.write_text(hosts)
+    bad_log = (course / f"dtlabs-train-{bad.stdout.strip().split(';')[0]}.out").read_text(errors="replace")
+    assert bad.returncode != 0 and "dtlabs-n1 resolves to '127.0.1.1' on itself" in bad_log, bad_log[-2000:]
 
 
 @pytest.mark.timeout(900)
