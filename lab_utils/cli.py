@@ -286,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the submission times of --submissions DIR, from the LMS (a CSV with the columns student, "
                         "timestamp and optionally lab): a student's own timestamp.txt is never used; without this, "
                         "no late penalty")
-    s.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
+    s.add_argument("--jobs", "-j", type=int, default=None,
+                   help="grade this many submissions at once (default: the CPU budget of the cgroup, cpuset and "
+                        "affinity mask at 2 CPUs a submission, and what the memory limit holds; 1 on 2 cores)")
     s.add_argument("--force", action="store_true", help="regrade every submission, changed or not")
     s.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     s.add_argument("--csv", metavar="PATH", help="grades CSV (default grader/work/grades.csv)")

@@ -155,6 +155,9 @@ NOT_EXIT_CODES = {  # functions whose small int is not a command's exit code
     ("launcher/backend.py", "gpu_count"),  # a count of GPUs
     ("processes.py", "poll"),  # Popen's returncode of a child
     ("launcher/worker.py", "run_rank"),  # a forked rank's own process status
+    ("cgroups/child.py", "_memory_folder"),  # a cgroup version (1 or 2) and its folder
+    ("cgroups/child.py", "throttled"),  # a count of throttled periods
+    ("cgroups/memory.py", "oom_killed"),  # a count of out-of-memory kills
 }
 
 

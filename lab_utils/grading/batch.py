@@ -141,11 +141,31 @@ class _Batch:
         return left
 
 
+CPUS_PER_SUBMISSION = 2  # a lab's demos and tests run 2 ranks; the grader kernel and subject mostly wait on them
+
+
+def default_jobs(settings) -> tuple[int, str]:
+    """How many submissions to grade at once when ``--jobs`` is not given, and why: the CPU budget
+    (``lab_utils.cgroups``: cgroup quota, cpuset, affinity) at 2 CPUs a submission, and no more than the memory
+    cgroup's limit holds at ``memory_mb`` each."""
+    from lab_utils import cgroups
+
+    budget, mem = cgroups.cpu_budget(), cgroups.memory()
+    jobs = max(1, budget.cpus // CPUS_PER_SUBMISSION)
+    why = f"{budget.cpus} CPUs ({budget.source}) at {CPUS_PER_SUBMISSION} a submission"
+    if mem.limit is not None:
+        fits = max(1, mem.limit // (max(1, int(settings.memory_mb)) << 20))
+        if fits < jobs:
+            jobs, why = fits, (f"a memory limit of {cgroups.mb(mem.limit)} ({mem.source}) holds {fits} submission(s) "
+                               f"at c.DTLabs.memory_mb={settings.memory_mb}")
+    return jobs, why
+
+
 def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, force=False, feedback=True,
-          csv_path=None, jobs=1, out=print, progress=True, timestamps=None) -> Status:
-    """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once) -> merge -> CSV -> feedback (no hidden
-    tests), under the command's ``settings`` (default: the course's). ``timestamps``: the instructor's submission
-    times for ``submissions_dir`` (``inbox.read_timestamps``).
+          csv_path=None, jobs=None, out=print, progress=True, timestamps=None) -> Status:
+    """Instructor batch: canary -> autograde (sandboxed, ``jobs`` at once; None: ``default_jobs``) -> merge -> CSV ->
+    feedback (no hidden tests), under the command's ``settings`` (default: the course's). ``timestamps``: the
+    instructor's submission times for ``submissions_dir`` (``inbox.read_timestamps``).
 
     DONE when every submission was graded, INCOMPLETE when some could not be (listed with the reason; the rest
     are graded and exported regardless), REFUSED when the course cannot be graded here (nothing submitted, a lab with no
@@ -206,14 +226,18 @@ def grade(labs=None, *, course_root=None, settings=None, submissions_dir=None, f
     unprotected = sandbox.mode() == "unprotected"
     if unprotected:
         out("WARNING: " + sandbox.UNPROTECTED_WARNING)
-        if int(jobs) > 1:
+        if jobs is not None and int(jobs) > 1:
             out(f"--jobs {jobs} needs a boundary: without one the course is checked between submissions, so they "
                 "are graded one at a time")
         jobs = 1
-    elif sandbox.mode() == "user" and int(jobs) > 1:
-        out(f"--jobs {jobs}: as the separate user {sandbox.subject_user_name()!r}, one submission runs at a time (two "
-            "of one user could reach each other's processes)")
+    elif sandbox.mode() == "user":
+        if jobs is not None and int(jobs) > 1:
+            out(f"--jobs {jobs}: as the separate user {sandbox.subject_user_name()!r}, one submission runs at a time "
+                "(two of one user could reach each other's processes)")
         jobs = 1
+    elif jobs is None:
+        jobs, why = default_jobs(settings)
+        out(f"--jobs {jobs}: {why} (--jobs N to choose)")
     out(f"sandbox: {sandbox.mode()}, {jobs} at a time")
     manifest = {} if force else gradebook.read_record(course_root, MANIFEST)
     fresh = {lab: _fresh(course_root, lab, found.get(lab, []), manifest) for lab in labs}

@@ -9,6 +9,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from lab_utils import cgroups
+
 BACKENDS = ("auto", "gloo", "nccl")
 MAX_LOCAL_WORLD_SIZE = 64
 
@@ -64,12 +66,12 @@ def choose_backend(world_size: int, backend: str = "auto") -> BackendChoice:
 
 
 def threads_per_rank(world_size: int) -> int:
-    """Intra-op threads per rank so ranks do not oversubscribe the cores (2 threads/rank on 2 cores doubled
-    compute time here). OMP_NUM_THREADS set by the user wins."""
+    """Intra-op threads per rank so ranks do not oversubscribe the CPUs they may use (2 threads/rank on 2 cores
+    doubled compute time here): the CPU budget (``lab_utils.cgroups``: the cgroup's quota, the cpuset and the affinity
+    mask) shared among the ranks. OMP_NUM_THREADS set by the user wins."""
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, world_size))
+    return max(1, cgroups.cpu_budget().cpus // max(1, world_size))
 
 
 def loopback_ifname() -> str | None:

@@ -6,8 +6,7 @@ Its own module because it needs both ``backend`` (what a launch would choose) an
 """
 from __future__ import annotations
 
-import os
-
+from lab_utils import cgroups
 from lab_utils.launcher.backend import (
     choose_backend, dist_module, gpu_count, loopback_ifname, nccl_available, threads_per_rank,
 )
@@ -58,8 +57,9 @@ def doctor(out=print) -> Status:
     out(f"nccl        {'yes' if nccl_available() else 'no'}")
     gpus = gpu_count()
     out(f"GPUs        {gpus}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    out(f"CPU cores   {cores}  (threads per rank at world size 2: {threads_per_rank(2)})")
+    budget, mem = cgroups.cpu_budget(), cgroups.memory()
+    out(f"CPU budget  {budget.cpus}: {budget.source}  (threads per rank at world size 2: {threads_per_rank(2)})")
+    out(f"memory      limit {cgroups.mb(mem.limit)}, {cgroups.mb(mem.usage)} in use ({mem.source})")
     out(f"loopback    {loopback_ifname() or 'not found'}")
     if not (dist.is_available() and dist.is_gloo_available()):
         problems.append("this torch build has no gloo backend: install a standard torch wheel")

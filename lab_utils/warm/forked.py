@@ -14,7 +14,7 @@ import socket
 import struct
 import sys
 
-from lab_utils import processes
+from lab_utils import cgroups, processes
 from lab_utils.warm import FORK_TIMEOUT_S, Kind, _call, import_key
 
 
@@ -306,7 +306,7 @@ def _openblas_threads(env: dict) -> None:
     """Give numpy's OpenBLAS the threads a cold import would start with (the server imported it with one)."""
     wanted = next((env[v] for v in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
                    if env.get(v, "").isdigit()), None)
-    n = int(wanted) if wanted else len(os.sched_getaffinity(0))
+    n = int(wanted) if wanted else cgroups.cpu_budget().cpus  # a cold import counts the CPUs; we, the budget
     if n <= 1:
         return
     with open("/proc/self/maps") as fh:

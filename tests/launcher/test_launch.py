@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import launch as h
-from lab_utils import RankFailedError, RankTimeoutError, launch
+from lab_utils import RankFailedError, RankTimeoutError, cgroups, launch
 from lab_utils.launcher.backend import choose_backend
 
 
@@ -53,8 +53,8 @@ def test_ranks_see_torchrun_environment_and_split_the_cores():
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2" and env["dist_world"] == 2
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["backend"] == choose_backend(2, "auto").backend  # what this machine's launch chooses
-        cores = len(os.sched_getaffinity(0))
-        assert env["threads"] == max(1, cores // 2) == int(env["OMP_NUM_THREADS"])
+        cpus = cgroups.cpu_budget().cpus  # the cgroup's quota, the cpuset and the affinity mask
+        assert env["threads"] == max(1, cpus // 2) == int(env["OMP_NUM_THREADS"])
     assert envs[0]["pid"] != envs[1]["pid"] != os.getpid()
 
 

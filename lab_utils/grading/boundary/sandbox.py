@@ -32,7 +32,7 @@ import warnings
 from functools import lru_cache
 from pathlib import Path
 
-from lab_utils import processes, settings
+from lab_utils import cgroups, processes, settings
 from lab_utils.grading import outcomes
 from lab_utils.grading.boundary import landlock, mounts, network, separate_user
 from lab_utils.grading.boundary.watchdog import Box, Limits, limit_resources
@@ -197,6 +197,8 @@ def shared_tmp(workdir) -> Path:
 
 def _env(home: str, extra: dict) -> dict:
     env = processes.share_cores({k: os.environ[k] for k in KEEP_ENV if k in os.environ})  # beside its kernel
+    # the CPU budget measured here: inside bubblewrap /sys/fs/cgroup is not there to read (its ranks' threads)
+    env[cgroups.BUDGET_ENV] = str(cgroups.cpu_budget().cpus)
     env.update(HOME=home, TMPDIR=str(shared_tmp(home)), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                MPLBACKEND="module://matplotlib_inline.backend_inline", MPLCONFIGDIR=os.path.join(home, ".mpl"),
                PYDEVD_DISABLE_FILE_VALIDATION="1",

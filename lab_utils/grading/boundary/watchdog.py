@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_utils import processes, settings
+from lab_utils import cgroups, processes, settings
+from lab_utils.grading import outcomes
 from lab_utils.grading.boundary import separate_user
 
 
@@ -104,30 +104,24 @@ def limit_resources(memory_mb: int) -> None:  # runs in the child between fork a
 
 def own_cgroup() -> str | None:
     """This process's cgroup v2 folder (``0::PATH`` of /proc/self/cgroup under the mount of that hierarchy that
-    holds it), or None where there is none."""
-    try:
-        with open("/proc/self/cgroup") as fh:
-            path = next(line[3:].strip() for line in fh if line.startswith("0::"))
-        with open("/proc/self/mountinfo") as fh:
-            mounts = [line.split() for line in fh]
-    except (OSError, StopIteration):
-        return None
-    for fields in mounts:
-        fstype = fields[fields.index("-") + 1] if "-" in fields else ""
-        root, point = (f.encode().decode("unicode_escape") for f in fields[3:5])
-        if fstype == "cgroup2" and (path == root or path.startswith(root.rstrip("/") + "/")):
-            return os.path.join(point, os.path.relpath(path, root)).rstrip("/.") or point
-    return None
+    holds it, found by ``lab_utils.cgroups``), or None where there is none."""
+    own = cgroups.folders(cgroups.V2)
+    return own[0] if own else None
 
 
-class Cgroup:
+class Cgroup(cgroups.Child):
     """A cgroup v2 made inside this process's own: what is moved into it, and everything that process then starts,
     stays in it (leaving needs write access to a cgroup's files), and ``kill`` ends them all at once, those forking
     while it runs included (``cgroup.kill``, Linux 5.14). ``make`` returns None where no such cgroup can be made here
-    (no cgroup v2, a folder this user may not write, an older kernel)."""
+    (no cgroup v2, a folder this user may not write, an older kernel). ``add``, ``pids``, ``kill`` and ``remove`` are
+    ``lab_utils.cgroups.Child``'s."""
 
     def __init__(self, path: str):
-        self.path = path
+        super().__init__(version=2, v2=path)
+
+    @property
+    def path(self) -> str:
+        return self.v2
 
     @classmethod
     def make(cls, name: str) -> "Cgroup | None":
@@ -144,40 +138,6 @@ class Cgroup:
             return None
         return cls(path)
 
-    def add(self, pid: int) -> bool:
-        try:
-            with open(os.path.join(self.path, "cgroup.procs"), "w") as fh:
-                fh.write(str(pid))
-            return True
-        except OSError:
-            return False
-
-    def pids(self) -> list[int]:
-        try:
-            with open(os.path.join(self.path, "cgroup.procs")) as fh:
-                return [int(x) for x in fh.read().split()]
-        except (OSError, ValueError):
-            return []
-
-    def kill(self, deadline_s: float = 10.0) -> None:
-        """SIGKILL everything in it until it holds no process; RuntimeError after ``deadline_s``."""
-        end = time.monotonic() + deadline_s
-        while self.pids():
-            try:
-                with open(os.path.join(self.path, "cgroup.kill"), "w") as fh:
-                    fh.write("1")
-            except OSError:
-                pass
-            if time.monotonic() > end:
-                raise RuntimeError(f"processes still ran in {self.path} after {deadline_s:g} s: {self.pids()[:5]}")
-            time.sleep(0.01)
-
-    def remove(self) -> None:
-        try:
-            os.rmdir(self.path)
-        except OSError:
-            pass
-
 
 @dataclass
 class Box:
@@ -192,12 +152,16 @@ class Box:
     lock: int | None = None  # as the separate user: the machine-wide lock held while this subject lives
     uid: int | None = None  # ... and that user, every process of which is this submission's
     cgroup: Cgroup | None = None  # unprotected: the subject's own cgroup, where one can be made here
+    memory_before: cgroups.Memory | None = None  # the grading's memory cgroup at the start (its OOM kills since count)
+    peak_used: int = 0  # the most the submission was measured using (as ``check`` decides: RSS, or PSS over the limit)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         """Unprotected, the subject goes into a cgroup of its own where this machine lets us make one, so that
         ``kill`` ends everything it started at once (``Cgroup``); elsewhere ``kill`` loops over what it finds.
         Nothing of the submission runs before this (its cells come after ``start`` returns)."""
+        if self.memory_before is None:
+            self.memory_before = cgroups.memory()
         if self.mode == "unprotected" and self.cgroup is None:
             self.cgroup = Cgroup.make(f"dtlabs-subject-{os.getpid()}-{self.popen.pid}")
             if self.cgroup is not None and not self.cgroup.add(self.popen.pid):
@@ -230,9 +194,9 @@ class Box:
                 return
 
     def check(self, disk: bool = True) -> bool:
-        """Measure the submission against its limits once (``disk``: its folder too); over one, stop it and keep the
-        reason. True if it was stopped. The watchdog calls it every ``poll_s``; the grader once more at the end, so
-        a flood that a loaded machine's watchdog had not yet seen is named as well."""
+        """Measure the submission against its limits once (``disk``: its folder and the OOM counters too); over one,
+        stop it and keep the reason. True if it was stopped. The watchdog calls it every ``poll_s``; the grader once
+        more at the end, so a flood that a loaded machine's watchdog had not yet seen is named as well."""
         import psutil
 
         if disk and self.workdir is not None:
@@ -250,13 +214,44 @@ class Box:
         limit = self.limits.memory_mb << 20
         # RSS first (cheap); a sum of RSS counts each shared page (libtorch, a framework's shared memory) once per
         # process that maps it, so over the limit the decision is taken on PSS, where shared pages count once
-        if _memory(procs, "rss") + grown > limit:
+        used = _memory(procs, "rss") + grown
+        if used > limit:
             used = _memory(procs, "pss") + grown
-            if used > limit:
-                # how far over is the submission's to choose (a grade line can reach the student): only the limit
-                self.kill(f"memory limit: the submission's processes used more than {self.limits.memory_mb} MB")
-                return True
+        self.peak_used = max(self.peak_used, used)
+        if used > limit:
+            # how far over is the submission's to choose (a grade line can reach the student): only the limit
+            self.kill(f"memory limit: the submission's processes used more than {self.limits.memory_mb} MB")
+            return True
+        oom = self.oom_reason() if disk else None  # as seldom as the disk (a few ms of cgroup files a look)
+        if oom:  # a process of the grading (a rank, the subject) ended by the kernel: the grade cannot stand as is
+            self.kill(oom)
+            return True
         return False
+
+    def oom_reason(self) -> str | None:
+        """Why the submission stopped, where the out-of-memory killer killed in the grading's memory cgroup since
+        the box started (its own counters: v2 memory.events, v1 memory.oom_control and failcnt); None otherwise.
+        The student's reason only where the submission caused it: it was measured past its own limit
+        (``memory_mb``), or the cgroup had that much free when it started, so reaching the cgroup's limit took more
+        than its allowance. Else the machine's: the cgroup's limit was reached with the submission within its
+        allowance (too many at once, or a limit below ``memory_mb``), and it is graded again, not given a zero."""
+        before = self.memory_before
+        if before is None or before.folder is None:
+            return None
+        after = cgroups.memory()
+        if after.folder != before.folder or not cgroups.oom_killed(before, after):
+            return None
+        allowance = self.limits.memory_mb
+        if self.peak_used > allowance << 20 or (before.free is not None and before.free >= allowance << 20):
+            return (f"memory limit: the submission's processes used more than {allowance} MB (the out-of-memory "
+                    "killer stopped them)")
+        peak = f", its peak use {cgroups.mb(after.peak)}" if after.peak else ""
+        where = (f"the grading machine's memory limit of {cgroups.mb(after.limit)} ({after.source}{peak}), which had "
+                 f"{cgroups.mb(before.free)} free when it started, less than" if after.limit is not None else
+                 f"the machine's memory ({after.source}{peak}), the submission measured within")
+        return (f"{outcomes.ENVIRONMENT_MARK}the out-of-memory killer stopped the submission at {where} its own "
+                f"limit of {allowance} MB: grade fewer submissions at once (--jobs), lower c.DTLabs.memory_mb, or give "
+                "the grading more memory")
 
     def rebase_caller(self) -> None:
         """Count the starting process's growth from now (after its own start-up imports)."""

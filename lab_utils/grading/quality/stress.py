@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab_utils import cgroups
+
 __all__ = ["stress", "stress_tests", "StressRun", "busy_cores"]
 
 STUDENT = "stress{:03d}"
@@ -113,10 +115,11 @@ def _nbgrader_error(output: str) -> str:
 
 # ------------------------------------------------------------------------------------------ load
 class busy_cores:
-    """Context manager: `n` busy-loop processes (default nproc - 1), always stopped on exit, even on ^C."""
+    """Context manager: `n` busy-loop processes (default: the CPU budget - 1, ``lab_utils.cgroups``: a quota's CPUs,
+    not the machine's), always stopped on exit, even on ^C."""
 
     def __init__(self, n: int | None = None):
-        self.n = max(0, (os.cpu_count() or 1) - 1) if n is None else max(0, int(n))
+        self.n = max(0, cgroups.cpu_budget().cpus - 1) if n is None else max(0, int(n))
         self.procs: list = []
 
     def __enter__(self):
@@ -236,7 +239,8 @@ def _under_load(busy, what: str, out):
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with busy_cores(busy) as load:
-            print(f"stress: {what}, {load.n} busy-loop process(es) on {os.cpu_count()} cores", file=out, flush=True)
+            print(f"stress: {what}, {load.n} busy-loop process(es) on a budget of {cgroups.cpu_budget().cpus} CPUs",
+                  file=out, flush=True)
             yield load
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -121,6 +121,8 @@ class SubjectProcess:
             except subprocess.TimeoutExpired:
                 code = None
             reason = self.box.reason
+        if not reason:  # the kernel's out-of-memory killer, from the memory cgroup's counters (Box.oom_reason)
+            reason = self.box.oom_reason()
         if not reason:
             reason = crossing.memory_reason(getattr(self, "_tail", b""), self.box.limits.memory_mb)
         if not reason:

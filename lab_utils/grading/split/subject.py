@@ -233,6 +233,10 @@ def main(argv: list[str]) -> None:
         except (ImportError, RuntimeError, OSError) as exc:
             print(f"dtlabs-subject: rank server not forked ({type(exc).__name__}: {exc}); a fresh one starts on "
                   "first use")
+    if "torch" in sys.modules and not os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        from lab_utils import cgroups  # a cell's own torch threads: the CPU budget, not the machine's cores
+
+        sys.modules["torch"].set_num_threads(cgroups.cpu_budget().cpus)
     _SUBJECT = Subject(socket.socket(fileno=fd))  # IPython now owns sys.modules["__main__"]
     sys.path.insert(0, os.getcwd())  # the student's own modules (utils.py beside the notebook), as in JupyterLab
     _SUBJECT.serve()
