@@ -106,6 +106,9 @@ bench-grade: $(VENV)/.installed  ## time sandboxed `dtlabs grade` against nbgrad
 bench-validate: $(VENV)/.installed  ## time `dtlabs validate` against `nbgrader validate` per lab (target ratio 0.5), and cold vs warm kernels
 	$(PY) benchmarks/bench_validate.py
 
+bench-class: $(VENV)/.installed  ## a class at once: N students in cgroups of their own (root); failures, memory, makespan
+	$(PY) benchmarks/bench_class.py $(BENCH_CLASS_ARGS)
+
 MUTATE_N ?= 6
 mutate: $(VENV)/.installed  ## mutation testing of every lab's tests (fixed seed; MUTATE_N mutants per lab)
 	@set -e; for lab in $$(ls solutions); do $(VENV)/bin/dtlabs mutate $$lab --n $(MUTATE_N) --seed 0; done

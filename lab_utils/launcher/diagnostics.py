@@ -3,6 +3,11 @@
 Turns what the ranks left behind (a remote exception, a C++ abort or faulthandler dump on stderr, a stack dump
 taken at the timeout) into short messages: which rank is the root cause, which ``torch.distributed`` call it was
 in, and which line of the student's cell. Shared by ``launch`` and the ``%%distributed`` magic (both through ``group.RankGroup``).
+
+Busy is not stuck: on a shared machine (a class on one server, cgroup CPU quotas) a rank can be slow because it waits
+for a CPU, not for a peer. ``Starvation`` measures that wait (the kernel's run-queue delay of each rank's threads,
+which includes the time a cgroup's quota throttled them) so that the supervisor extends a timeout by it before it
+names a rank stuck: the timeout counts the time the ranks could run, not the time others ran instead.
 """
 from __future__ import annotations
 
@@ -48,8 +53,9 @@ def signal_name(code):
         return f"signal {-code}"
 
 
-def failure_error(ranks):
-    """The error for a launch in which a rank raised, crashed or exited early: the root cause named first."""
+def failure_error(ranks, oom: str | None = None):
+    """The error for a launch in which a rank raised, crashed or exited early: the root cause named first; ``oom``:
+    the words for ranks the out-of-memory killer ended (``group.RankGroup.oom_words``), if it did."""
     crashed = [rk for rk in ranks if rk.state is RankState.EXITED]
     crashed.sort(key=lambda rk: not crash_digest(rk.stderr_tail))  # a rank whose dump we can read first
     by_signal = [rk for rk in crashed if rk.exit_code is not None and rk.exit_code < 0]
@@ -60,13 +66,14 @@ def failure_error(ranks):
     if crashed:  # died without a result (a signal, os._exit): its peers' errors are only symptoms
         root = (by_signal or crashed)[0]
         digest = crash_digest(root.stderr_tail)
+        oom = oom if root.exit_code == -signal.SIGKILL else None
         if root.exit_code is not None and root.exit_code < 0:
-            how = f"was killed by {signal_name(root.exit_code)}"
+            how = f"was killed by {'the out-of-memory killer (SIGKILL)' if oom else signal_name(root.exit_code)}"
         elif root.exit_code is None and digest:
             how = f"crashed ({digest['fatal'].lower()})"
         else:
             how = f"exited with code {root.exit_code} before returning a result"
-        msg = f"rank {root.rank} {how} ({others(root)})."
+        msg = f"rank {root.rank} {how} ({others(root)})." + (f"\n{oom}" if oom else "")
         if digest:
             msg += "\n" + explain_crash(root, digest, [rk for rk in crashed if rk is not root])
             return RankFailedError(msg, rank=root.rank, remote_traceback=digest["stack"])
@@ -301,8 +308,77 @@ def main_thread_stack(lines):
     return "\n".join(out) or "\n".join(lines)
 
 
-def timeout_error(ranks, stuck, dumps, timeout, debug_hint=DEBUG_HINT):
-    """The error for ranks still running at the timeout; ``dumps`` holds each stuck rank's faulthandler lines."""
+# ------------------------------------------------------------------------------------------ busy is not stuck
+# A timeout is extended by the time the ranks waited for a CPU, up to this many times the timeout on top of it: a
+# rank in an endless loop on a saturated machine is still named, at the latest after (1 + this) * timeout.
+STARVED_EXTENSION_MAX = 9.0
+STARVED_RECHECK_S = 1.0  # an extended timeout is looked at again no sooner than this
+PROC = "/proc"  # tests point it at a fake /proc
+
+
+def run_delays(pid, proc=None) -> dict:
+    """{thread id: seconds it has waited runnable for a CPU} for every thread of ``pid`` (``/proc/PID/task/TID/
+    schedstat``, second field, in ns: the run-queue delay, which includes the time a cgroup's quota throttled it).
+    Empty when the process is gone or the kernel keeps no such counts."""
+    base = f"{proc or PROC}/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return {}
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return out
+
+
+class Starvation:
+    """How long a group's ranks have waited for a CPU since it was made: what a timeout does not count.
+
+    ``waited()`` is, over the ranks, the largest run-queue delay of any one of a rank's threads since the start (a
+    thread waiting for a CPU holds up its rank; threads that wait at once overlap, so they are not added up). A rank
+    waiting in a collective for a peer sleeps and adds nothing; a rank that computes on a shared or throttled CPU
+    adds the time it was kept off it, and so does a peer that is late because of it. ``deadline()``: when the
+    timeout now falls, at most ``STARVED_EXTENSION_MAX`` timeouts later than without it; ``extended(now)``: the
+    supervisor's question at the timeout.
+    """
+
+    def __init__(self, pids, timeout: float | None, start: float, proc=None):
+        self.pids = [p for p in pids if p]
+        self.timeout, self.start, self.proc = timeout, start, proc
+        self.base = {pid: run_delays(pid, proc) for pid in self.pids}
+        self.last = 0.0
+
+    def waited(self) -> float:
+        worst = self.last  # a rank that has ended since keeps what it waited
+        for pid in self.pids:
+            now = run_delays(pid, self.proc)
+            before = self.base.get(pid, {})
+            waits = [d - before.get(tid, 0.0) for tid, d in now.items()]
+            if waits:
+                worst = max(worst, max(waits))
+        self.last = worst
+        return worst
+
+    def deadline(self) -> float | None:
+        """``start + timeout`` plus the time the ranks waited for a CPU (capped); None without a timeout."""
+        if self.timeout is None:
+            return None
+        return self.start + self.timeout + min(self.waited(), STARVED_EXTENSION_MAX * self.timeout)
+
+    def extended(self, now: float) -> float | None:
+        """At the timeout: when to look again, where the ranks waited for a CPU meanwhile (busy, not stuck); None
+        where they did not, or the extension is used up: then the ranks still running are stuck."""
+        later = self.deadline()
+        return None if later is None or later <= now else max(later, now + STARVED_RECHECK_S)
+
+
+def timeout_error(ranks, stuck, dumps, timeout, debug_hint=DEBUG_HINT, starved_s: float = 0.0):
+    """The error for ranks still running at the timeout; ``dumps`` holds each stuck rank's faulthandler lines.
+    ``starved_s``: how long the ranks waited for a CPU, by which the timeout was extended."""
     finished = [rk.rank for rk in ranks if rk.state is RankState.OK]
     parts = []
     for rk in stuck:
@@ -311,6 +387,7 @@ def timeout_error(ranks, stuck, dumps, timeout, debug_hint=DEBUG_HINT):
         parts.append(f"rank {rk.rank} is {what} at {where}")
     msg = (
         f"{len(stuck)} of {len(ranks)} ranks did not finish within {timeout} s"
+        + (f" (and the {starved_s:.0f} s they waited for a CPU on a busy machine)" if starved_s >= 1 else "")
         + (f" (rank(s) {finished} had already returned)" if finished else "")
         + ":\n  " + "\n  ".join(parts)
         + "\nA rank that waits in a collective that another rank never calls waits forever: check that every "
