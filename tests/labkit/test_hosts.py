@@ -119,3 +119,33 @@ def test_doctor_nodes_names_each_failure_before_a_job():
             listener.kill()
             listener.wait()
     _gone(hosts)
+
+
+@needs_hosts
+def test_agents_that_disagree_on_nnodes_wait_until_the_rendezvous_times_out(tmp_path):
+    """One agent told --nnodes=2, the other --nnodes=3, at the same endpoint: no error names the mismatch; the
+    rendezvous times out on one and is closed on the other, as silent as a firewall (Lab 05, Exercise 5)."""
+    import sys
+
+    from lab_utils.labkit.torchrun import agent_command
+
+    script = _script(tmp_path)
+    with Hosts(2) as hosts:
+        agents = []
+        try:
+            for i, nnodes in enumerate((2, 3)):
+                cmd = agent_command(script, nnodes=nnodes, rdzv="c10d", master_addr=hosts.names[0], port=29400,
+                                    run_id="mismatch", python=sys.executable,
+                                    rdzv_conf={"join_timeout": 10, "is_host": "true" if i == 0 else "false"})
+                agents.append(hosts.run(i, cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}))
+            outs = [agent.communicate(timeout=90)[0] for agent in agents]
+        finally:
+            for agent in agents:
+                if agent.poll() is None:
+                    agent.kill()
+                    agent.wait()
+    _gone(hosts)
+    said = "\n".join(outs)
+    assert [a.returncode for a in agents] == [1, 1] and "RESULT" not in said, said[-3000:]
+    assert "RendezvousTimeoutError" in said, said[-3000:]

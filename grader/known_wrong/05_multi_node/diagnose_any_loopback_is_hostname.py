@@ -5,7 +5,7 @@ import re
 
 
 def diagnose(log, addresses):
-    """What stopped a multi-node run: "hostname", "interface", "firewall" or "ok" (see the exercise)."""
+    """What stopped a multi-node run: "hostname", "interface", "unreachable", "timeout" or "ok" (the exercise)."""
     peers = re.findall(r"remote=\[([0-9a-fA-F.:]+)\]", log)
     if peers:
         peer = peers[-1]
@@ -13,7 +13,8 @@ def diagnose(log, addresses):
             return "hostname"
         if peer not in set(addresses):
             return "interface"
-        return "firewall"
-    if any(words in log for words in ("did not finish within", "RendezvousTimeoutError", "timed out")):
-        return "firewall"
+        return "unreachable"
+    if any(words in log for words in ("did not finish within", "timed out", "RendezvousTimeoutError",
+                                      "RendezvousClosedError")):
+        return "timeout"
     return "ok"

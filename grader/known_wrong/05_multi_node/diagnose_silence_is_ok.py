@@ -1,11 +1,11 @@
 # replaces: diagnose
 # loses: test_diagnose
-# mistake: reads only gloo's errors, so a firewall that drops the rendezvous (nothing printed, then a timeout) is "ok"
+# mistake: reads only gloo's errors, so a rendezvous that nothing answers (nothing printed, then a timeout) is "ok"
 import re
 
 
 def diagnose(log, addresses):
-    """What stopped a multi-node run: "hostname", "interface", "firewall" or "ok" (see the exercise)."""
+    """What stopped a multi-node run: "hostname", "interface", "unreachable", "timeout" or "ok" (the exercise)."""
     peers = re.findall(r"remote=\[([0-9a-fA-F.:]+)\]", log)
     if peers:
         peer = peers[-1]
@@ -13,5 +13,5 @@ def diagnose(log, addresses):
             return "hostname"
         if peer not in set(addresses):
             return "interface"
-        return "firewall"
+        return "unreachable"
     return "ok"
