@@ -5,8 +5,8 @@ DDP on its shard of each global batch of synthetic data (``lab_utils.labkit.data
 downloaded), so the run equals one process training on the whole batch; ``--reference`` runs that single process,
 without torch.distributed, for comparison. Rank 0 saves a checkpoint every ``--ckpt-every`` steps into
 ``$CKPT_DIR`` (train.sbatch keys it by job id), and a restarted or requeued job resumes from it with the optimizer's
-state. At the end rank 0 writes
-``--out`` (JSON: world size, which node and agent each rank ran on, losses, where it resumed) and prints it.
+state. At the end rank 0 writes ``--out`` (JSON: world size, which node and agent each rank ran on, losses, the
+weights' norm, where it resumed) and prints it. ``--step-seconds`` slows each step down, to fail a node mid-run.
 
     torchrun --nproc-per-node=2 grader/slurm/train_lab.py --steps 50 --out result.json
     python grader/slurm/train_lab.py --reference --steps 50
@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,6 +38,11 @@ def batches(step: int, global_batch: int, seed: int):
     return x[idx], y[idx]
 
 
+def weight_norm(model) -> float:
+    """The L2 norm of all the model's weights, in float64: equal runs end with equal weights."""
+    return float(torch.sqrt(sum((p.detach().double() ** 2).sum() for p in model.parameters())))
+
+
 def full_loss(model, seed: int) -> float:
     x, y = data.regression(n=SAMPLES, in_dim=IN_DIM, seed=seed)
     with torch.no_grad():
@@ -53,7 +59,8 @@ def reference(args) -> dict:
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    return {"world_size": 1, "steps": args.steps, "first_loss": first, "final_loss": full_loss(model, args.seed)}
+    return {"world_size": 1, "steps": args.steps, "first_loss": first, "final_loss": full_loss(model, args.seed),
+            "weight_norm": weight_norm(model)}
 
 
 def train(args) -> dict:
@@ -94,13 +101,16 @@ def train(args) -> dict:
             os.replace(tmp, ckpt)  # a job killed while saving keeps the previous checkpoint whole
         if args.fail_at_step is not None and step + 1 == args.fail_at_step and start == 0 and rank == world - 1:
             raise SystemExit(f"rank {rank}: failing at step {step + 1} on purpose (--fail-at-step)")
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
     where = [None] * world
     # an agent counts the restarts its own workers' failures caused; the others restart with it uncounted
     dist.all_gather_object(where, {"rank": rank, "host": socket.gethostname(), "device": str(device),
                                    "agent": int(os.environ.get("GROUP_RANK", 0)),
                                    "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))})
     result = {"world_size": world, "steps": args.steps, "resumed_from": start, "first_loss": first,
-              "final_loss": full_loss(model.cpu(), args.seed), "ranks": where, "job": os.environ.get("SLURM_JOB_ID")}
+              "final_loss": full_loss(model.cpu(), args.seed), "weight_norm": weight_norm(model), "ranks": where,
+              "job": os.environ.get("SLURM_JOB_ID")}
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -117,6 +127,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the result here as JSON (rank 0)")
     p.add_argument("--reference", action="store_true", help="one process on the whole batch, no torch.distributed")
     p.add_argument("--fail-at-step", type=int, default=None, help="the last rank exits there once (to try restarts)")
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="sleep this long after each step: time to fail a node on purpose while it trains")
     args = p.parse_args(argv)
     result = reference(args) if args.reference else train(args)
     if args.reference or int(os.environ["RANK"]) == 0:

@@ -99,6 +99,10 @@ def _job_state(course: Path, job: str) -> str:
     return out or "GONE"
 
 
+def _node_state(course: Path, node: str) -> str:
+    return as_teacher(course, ["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
+
+
 @pytest.fixture(scope="module")
 def two_nodes(passwords, course):
     for tool in ("slurmctld", "slurmd", "munged", "sbatch", "ip", "nsenter", "unshare"):
@@ -184,8 +188,8 @@ def test_node_crash_requeues_and_resumes(course, two_nodes):
     report(f"[slurm-nodes] {crash.stdout.strip()}")
     wait_for(lambda: _job_state(course, job_id) == "PENDING", 180, "Slurm to requeue the job", poll=2)
     TIMINGS["node crash: to the job requeued (node DOWN after SlurmdTimeout=30)"] = time.monotonic() - t0
-    sinfo = as_teacher(course, ["sinfo", "-h", "-n", "dtlabs-n2", "-o", "%T"]).stdout.strip()
-    assert sinfo.startswith("down"), sinfo
+    sinfo = wait_for(lambda: _node_state(course, "dtlabs-n2").startswith("down") and _node_state(course, "dtlabs-n2"),
+                     60, "dtlabs-n2 DOWN", poll=2)
     pending = as_teacher(course, ["squeue", "-h", "-j", job_id, "-o", "%T %r"]).stdout.strip()
     report(f"[slurm-nodes] job {job_id} after the crash: {pending}; dtlabs-n2 {sinfo}")
 
