@@ -359,19 +359,19 @@ def kill_tree(pid: int, include_orphans: bool = False) -> list[str]:
 
 
 def kill_until_none(find, what: str, deadline_s: float = 10.0) -> list[str]:
-    """SIGKILL each process ``find()`` yields (and its group) as it is yielded, until two scans in a row find none: a
-    kill from one snapshot misses what forks between the scan and the kill, and processes that fork and exit every few
-    milliseconds ("hoppers") outlived it. The pids killed; RuntimeError naming those still found after ``deadline_s``."""
+    """SIGKILL each process ``find()`` yields (and its group) as it is yielded, until three scans 50 ms apart find
+    none: one snapshot misses what forks between scan and kill, so hoppers (fork and exit every few ms) outlived it,
+    and under load two empty scans 20 ms apart once missed one. The pids killed; RuntimeError after ``deadline_s``."""
     import psutil
 
     killed, empty, end = {}, 0, time.monotonic() + deadline_s
-    while empty < 2:
+    while empty < 3:
         found = [p for p in find() if kill_leader(p) or True]  # each killed as found: a hopper lives a fork's time
         killed.update((p.pid, p) for p in found)
         empty = 0 if found else empty + 1
         if found and time.monotonic() > end:
             raise RuntimeError(f"{what} still ran after {deadline_s:g} s of killing: pids {[p.pid for p in found[:5]]}")
-        time.sleep(0.002 if found else 0.02)
+        time.sleep(0.002 if found else 0.05)
     psutil.wait_procs(list(killed.values()), timeout=0.5)  # reaps those that are our children
     return [str(pid) for pid in killed]
 
