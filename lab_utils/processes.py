@@ -359,13 +359,13 @@ def kill_tree(pid: int, include_orphans: bool = False) -> list[str]:
 
 
 def kill_until_none(find, what: str, deadline_s: float = 10.0) -> list[str]:
-    """SIGKILL each process ``find()`` yields (and its group) as it is yielded, until three scans 50 ms apart find
+    """SIGKILL each process ``find()`` yields (and its group) as it is yielded, until two scans 50 ms apart find
     none: one snapshot misses what forks between scan and kill, so hoppers (fork and exit every few ms) outlived it,
     and under load two empty scans 20 ms apart once missed one. The pids killed; RuntimeError after ``deadline_s``."""
     import psutil
 
     killed, empty, end = {}, 0, time.monotonic() + deadline_s
-    while empty < 3:
+    while empty < 2:
         found = [p for p in find() if kill_leader(p) or True]  # each killed as found: a hopper lives a fork's time
         killed.update((p.pid, p) for p in found)
         empty = 0 if found else empty + 1
