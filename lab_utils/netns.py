@@ -25,7 +25,7 @@ import socket
 import struct
 import sys
 
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWUTS, CLONE_NEWNS = 0x10000000, 0x40000000, 0x04000000, 0x00020000
 JOIN_VAR = "DTLABS_NETNS_OF"  # a process's environment: the pid whose network it joins when it starts (``preexec``)
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = struct.Struct("16sH14x")
@@ -91,18 +91,22 @@ def joinable(pid: int) -> bool:
     return True
 
 
-def join(pid: int) -> None:
-    """Enter ``pid``'s user namespace, then its network: in a single-threaded process (a child between fork and
-    exec), before it opens a socket. OSError if either is refused."""
+def join(pid: int, kinds=("user", "net")) -> None:
+    """Enter process ``pid``'s namespaces ``kinds``, its user namespace first, which grants the rights to enter the
+    others: in a single-threaded process (a child between fork and exec), before it opens a socket. The working
+    folder is kept (entering a mount namespace resets it). OSError if one is refused."""
+    flags = {"user": CLONE_NEWUSER, "net": CLONE_NEWNET, "uts": CLONE_NEWUTS, "mnt": CLONE_NEWNS}
+    cwd = os.getcwd()
     libc = ctypes.CDLL(None, use_errno=True)
-    for ns, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET)):
+    for ns in kinds:
         fd = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY)
         try:
-            if libc.setns(fd, flag) != 0:
+            if libc.setns(fd, flags[ns]) != 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"could not join the ranks' {ns} namespace: {os.strerror(err)}")
+                raise OSError(err, f"could not join process {pid}'s {ns} namespace: {os.strerror(err)}")
         finally:
             os.close(fd)
+    os.chdir(cwd)
 
 
 def preexec(env: dict):

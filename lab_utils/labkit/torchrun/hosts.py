@@ -27,8 +27,10 @@ import subprocess
 import sys
 
 from lab_utils import tempdirs
+from lab_utils.netns import CLONE_NEWNET as NEWNET, CLONE_NEWNS as NEWNS, CLONE_NEWUSER as NEWUSER, \
+    CLONE_NEWUTS as NEWUTS, join
 
-NEWUSER, NEWNET, NEWUTS, NEWNS = 0x10000000, 0x40000000, 0x04000000, 0x00020000
+HOST_NAMESPACES = ("user", "net", "uts", "mnt")  # what a process joins to run on a host
 SUBNET = "10.77.0"  # host i has SUBNET.(i + 1)/24
 PREFIX = "dtlabs-hosts-"
 
@@ -56,21 +58,6 @@ def _check(ret: int, what: str) -> None:
     if ret != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def join(pid: int, kinds=("user", "net", "uts", "mnt")) -> None:
-    """Enter process ``pid``'s namespaces (in a child between fork and exec): its user namespace first, which grants
-    the rights to enter the others. The working folder is kept (entering a mount namespace resets it)."""
-    flags = {"user": NEWUSER, "net": NEWNET, "uts": NEWUTS, "mnt": NEWNS}
-    cwd = os.getcwd()
-    libc = _libc()
-    for kind in kinds:
-        fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
-        try:
-            _check(libc.setns(fd, flags[kind]), f"could not enter host {pid}'s {kind} namespace")
-        finally:
-            os.close(fd)
-    os.chdir(cwd)
 
 
 class Hosts:
@@ -165,7 +152,7 @@ class Hosts:
 
     def preexec(self, i: int):
         """A ``preexec_fn`` that runs the new process on host ``i``."""
-        return lambda pid=self.pid(i): join(pid)
+        return lambda pid=self.pid(i): join(pid, HOST_NAMESPACES)
 
     def run(self, i: int, argv, **popen) -> subprocess.Popen:
         """Start ``argv`` on host ``i``."""
