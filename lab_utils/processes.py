@@ -232,16 +232,30 @@ def kill_group_and_pid(pid: int | None, sig: int = signal.SIGKILL) -> None:
 
 
 def kill_leader(p) -> None:
-    """SIGKILL psutil process ``p`` and the process group it leads, if it leads one (a torchrun worker leads its own
-    session); a process already gone is no error."""
+    """SIGKILL psutil process ``p`` and its process group where ``p`` leads it (a torchrun worker leads its own
+    session) or where the group's leader is gone: an orphaned group is a chain that forks and exits (a "hopper"), and
+    one killpg takes every member at once, the child it forked since the scan included, where a kill of ``p`` alone
+    left that child running. A group whose leader lives on and is not ``p`` (a kernel's, a shell's) is left to the
+    caller's scan. A process already gone is no error."""
     import psutil
 
     try:
-        if os.getpgid(p.pid) == p.pid:
-            killpg_quiet(p.pid)
+        pgid = os.getpgid(p.pid)
+        if pgid == p.pid or not _alive(pgid):
+            killpg_quiet(pgid)
         p.kill()
     except (psutil.Error, OSError):
         pass
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie does not). While a process group has members its leader's pid is not given to another
+    process, so a leader found gone stays gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def children_of(pid: int) -> list[int] | None:

@@ -8,7 +8,6 @@ does) and a Python that user can run for its own processes (/usr/bin/python3); t
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import shutil
@@ -33,9 +32,12 @@ pytestmark = pytest.mark.xdist_group("separate-user")
 USER_PYTHON = "/usr/bin/python3"  # the grader's Python may lie where that user cannot go (a venv under /root)
 
 # A hopper: a new session, then forks and exits in a tight loop, inside its own Landlock domain when asked (as the
-# subject enters one); one of its processes is always alive, each for about a fork's time.
+# subject enters one); one of its processes is always alive, each for about a fork's time. It stops by itself after
+# 180 s (past every test's timeout): a chain that a failing test, or a test run killed mid-way, left behind would
+# otherwise hop on for good, re-parented to this machine's init, a core's worth of forks slowing all that follows.
 HOPPER = r"""
-import ctypes, os, sys
+import ctypes, os, sys, time
+end = time.monotonic() + 180
 if sys.argv[1] == "landlock":
     libc = ctypes.CDLL(None, use_errno=True)
     call = libc.syscall
@@ -46,7 +48,7 @@ if sys.argv[1] == "landlock":
     fd = call(444, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     assert fd >= 0 and libc.prctl(38, 1, 0, 0, 0) == 0 and call(446, ctypes.c_int(fd), ctypes.c_uint32(0)) == 0
 os.setsid()
-while True:
+while time.monotonic() < end:
     if os.fork():
         os._exit(0)
 """
@@ -138,8 +140,7 @@ def _stop(nest, token: str):
         for p in psutil.process_iter(["cmdline"]):
             if token in " ".join(p.info["cmdline"] or ()):
                 found += 1
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
+                processes.kill_leader(p)  # its whole chain: the group outlives the hopper that made it
         quiet = 0 if found else quiet + 1
 
 
