@@ -3,8 +3,8 @@ adopt orphans, die with a parent, name a process, pump a pipe's lines.
 
 Processes are found two ways: by ancestry (``tree``: a process and its descendants, plus orphans re-parented
 to us when we are a child subreaper) and by an environment token (``with_token``: every process started
-under a marker variable, however it detached). Killing is always SIGKILL to the process group first, then to
-each process, and never touches a process that was not found one of those two ways.
+under a marker variable, however it detached). Killing is always SIGKILL to the process group first (one the
+process leads, or one whose leader is gone), then to each process found one of those two ways.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _prctl(option: int, arg: int) -> bool:
+def _prctl(option: int, arg) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -72,11 +72,7 @@ def _prctl(option: int, arg: int) -> bool:
 
 def set_name(name: str) -> None:
     """Name this process (what ps/psutil show as its name, 15 bytes at most), so tests and students find it."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc().prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+    _prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, watch_s: float | None = None) -> None:
@@ -233,29 +229,19 @@ def kill_group_and_pid(pid: int | None, sig: int = signal.SIGKILL) -> None:
 
 def kill_leader(p) -> None:
     """SIGKILL psutil process ``p`` and its process group where ``p`` leads it (a torchrun worker leads its own
-    session) or where the group's leader is gone: an orphaned group is a chain that forks and exits (a "hopper"), and
-    one killpg takes every member at once, the child it forked since the scan included, where a kill of ``p`` alone
-    left that child running. A group whose leader lives on and is not ``p`` (a kernel's, a shell's) is left to the
-    caller's scan. A process already gone is no error."""
+    session) or the group's leader is gone: that group is a chain that forks and exits (a "hopper"), and one killpg
+    takes all of it, the child forked since the scan included (a leader's pid is not reused while its group has
+    members). A group whose leader lives on (a kernel's, a shell's) is left to the caller's scan."""
     import psutil
 
     try:
         pgid = os.getpgid(p.pid)
-        if pgid == p.pid or not _alive(pgid):
+        if pgid == p.pid or not psutil.pid_exists(pgid) or psutil.Process(pgid).status() == psutil.STATUS_ZOMBIE:
             killpg_quiet(pgid)
-        p.kill()
-    except (psutil.Error, OSError):
+    except (psutil.Error, OSError):  # gone between two looks: what is left of the chain is found again
         pass
-
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs (a zombie does not). While a process group has members its leader's pid is not given to another
-    process, so a leader found gone stays gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    with contextlib.suppress(psutil.Error):
+        p.kill()
 
 
 def children_of(pid: int) -> list[int] | None:
@@ -373,9 +359,9 @@ def kill_tree(pid: int, include_orphans: bool = False) -> list[str]:
 
 
 def kill_until_none(find, what: str, deadline_s: float = 10.0) -> list[str]:
-    """SIGKILL each process ``find()`` yields (and its group) as it is yielded, until two scans 50 ms apart find
-    none: one snapshot misses what forks between scan and kill, so hoppers (fork and exit every few ms) outlived it,
-    and under load two empty scans 20 ms apart once missed one. The pids killed; RuntimeError after ``deadline_s``."""
+    """SIGKILL each process ``find()`` yields (and its group, ``kill_leader``) as it is yielded, until two scans 50 ms
+    apart find none: one snapshot misses what forks between scan and kill. The pids killed; RuntimeError after
+    ``deadline_s``."""
     import psutil
 
     killed, empty, end = {}, 0, time.monotonic() + deadline_s
