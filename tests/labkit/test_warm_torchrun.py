@@ -46,7 +46,9 @@ REPORT = textwrap.dedent(
 
     with open("/proc/self/environ", "rb") as fh:
         environ = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\\0") if b"=" in kv)
-    print("REPORT " + json.dumps({
+    # one write, so the line stays whole (print under -u writes the text and its newline apart, and the other
+    # worker's line, on the same pipe, once came between them)
+    sys.stdout.write("REPORT " + json.dumps({
         "name": __name__, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
         "rank": os.environ["RANK"], "local_rank": os.environ["LOCAL_RANK"],
         "marker_in_proc": b"DTLABS_RUN_ID" in environ, "local_rank_in_proc": environ.get(b"LOCAL_RANK", b"").decode(),
@@ -55,7 +57,8 @@ REPORT = textwrap.dedent(
         "stdout_write_through": sys.stdout.write_through, "collector": gc.isenabled(),
         "threads": torch.get_num_threads(), "parent": me.parent().name(),
         "agent_parents": sorted({agent_parent(p) for p in psutil.process_iter()} - {None}),
-    }), flush=True)
+    }) + "\\n")
+    sys.stdout.flush()
     """
 )
 
