@@ -342,15 +342,17 @@ class Starvation:
     thread waiting for a CPU holds up its rank; threads that wait at once overlap, so they are not added up). A rank
     waiting in a collective for a peer sleeps and adds nothing; a rank that computes on a shared or throttled CPU
     adds the time it was kept off it, and so does a peer that is late because of it. ``deadline()``: when the
-    timeout now falls, at most ``STARVED_EXTENSION_MAX`` timeouts later than without it; ``extended(now)``: the
-    supervisor's question at the timeout.
-    """
+    timeout now falls (at most ``STARVED_EXTENSION_MAX`` timeouts later); ``extended(now)``: asked at the timeout."""
 
     def __init__(self, pids, timeout: float | None, start: float, proc=None):
         self.pids = [p for p in pids if p]
         self.timeout, self.start, self.proc = timeout, start, proc
         self.base = {pid: run_delays(pid, proc) for pid in self.pids}
         self.last = 0.0
+
+    def add(self, pids) -> None:
+        """Count processes born since the start too (torchrun's agents and workers come and go): all they waited."""
+        self.pids += [p for p in dict.fromkeys(pids) if p and p not in self.pids]
 
     def waited(self) -> float:
         worst = self.last  # a rank that has ended since keeps what it waited

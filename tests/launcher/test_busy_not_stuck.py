@@ -172,3 +172,40 @@ def test_a_rank_starved_of_cpu_is_not_named_stuck_but_a_deadlock_still_is(starve
     elapsed = time.monotonic() - start
     assert info.value.stuck_ranks == [0]
     assert elapsed < 3 + 15, f"a real deadlock was named only after {elapsed:.0f} s"
+
+
+SLOW_WORKER = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:  # honest: 1 CPU-s of work, 20 s at 0.05 CPU, past the run's timeout
+    for path in sys.argv[1:]:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    t = time.process_time()
+    while time.process_time() - t < 1.0:
+        pass
+x = torch.ones(2)
+dist.all_reduce(x)
+print("SUM", x.tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_torchrun_worker_starved_of_cpu_finishes_past_the_run_s_timeout(starved_cgroup, tmp_path):
+    """torchrun's wall-clock timeout counts as a launch's does: the time its workers waited for a CPU is added
+    (a run that hangs without wanting one still stops: test_torchrun's timeout tests)."""
+    from lab_utils.labkit.torchrun import processes_of, run_nodes
+
+    script = tmp_path / "slow_worker.py"
+    script.write_text(SLOW_WORKER)
+    start = time.monotonic()
+    result = run_nodes(str(script), *starved_cgroup.paths, nnodes=1, nproc_per_node=2, timeout=15, quiet=True)
+    elapsed = time.monotonic() - start
+    assert result.ok and result.output().count("SUM [2.0, 2.0]") == 2, result.output()[-2000:]
+    assert elapsed > 15, "the worker finished within the timeout: it was not starved"
+    assert not processes_of(result.run_id)

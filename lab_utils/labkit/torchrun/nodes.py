@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 from lab_utils import cgroups, netns, processes, tempdirs
 from lab_utils.labkit.torchrun import warmstart
+from lab_utils.launcher.diagnostics import Starvation
 from lab_utils.labkit.torchrun.store import HOST, RunStore
-from lab_utils.labkit.torchrun.reaping import MARKER, kill_node, port_owners, reap, remember_children
+from lab_utils.labkit.torchrun.reaping import (MARKER, kill_node, port_owners, processes_of, reap,
+                                               remember_children)
 
 LOG_PREFIX = "dtlabs-torchrun-"
 
@@ -198,6 +200,9 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
     failed_at = None  # when the first agent exited with a non-zero code (a node that left does not count)
     port_ok = False  # a static run: node 0's agent is listening on the master port
     start = next_scan = time.monotonic()
+    # busy is not stuck: the timeout is extended by the time the run's processes waited for a CPU (a shared machine,
+    # a cgroup's quota), as a launch's is (diagnostics.Starvation); a run that hangs without wanting a CPU still stops
+    starvation, deadline = Starvation([], timeout, start), None if timeout is None else start + timeout
 
     def start_agent(node):
         cmd = agent_command(script, script_args, nnodes=max_nodes, nproc_per_node=nproc_per_node, node_rank=node,
@@ -244,11 +249,16 @@ def _once(script, script_args, nnodes, nproc_per_node, rdzv, max_restarts, timeo
                               f"{procs[gave_up[0]].returncode}; the agents of nodes {waiting} were still waiting for "
                               f"it {FAILED_GRACE_S:g} s later (torchrun's exit barrier or a rendezvous): stopped them"))
                 break
-            if timeout is not None and time.monotonic() - start > timeout:
+            if deadline is not None and time.monotonic() > deadline:
+                # the agents, and the workers (a warm server's children, not the agent's: found by the run's marker)
+                starvation.add([p.pid for p in (*procs, *seen, *processes_of(run_id))])
+                deadline = starvation.extended(time.monotonic())
+            if timeout is not None and deadline is None:
                 result = TorchrunResult([p.poll() for p in procs], lines, time.monotonic() - start, port, run_id,
                                         commands, sorted(left), fired)
+                waited = f" (and the {starvation.last:.0f} s it waited for a CPU)" if starvation.last >= 1 else ""
                 raise TorchrunTimeout(
-                    f"torchrun did not finish within {timeout} s: every agent and worker has been killed. "
+                    f"torchrun did not finish within {timeout} s{waited}: every agent and worker has been killed. "
                     "A worker that waits for a peer which never comes (a rank that died outside a restartable "
                     "failure, a missed collective, a node that never joined) looks exactly like this.", result)
             if time.monotonic() > next_scan:  # a scan reads /proc: not too often
@@ -307,7 +317,8 @@ def run_nodes(script, *script_args, nnodes=2, nproc_per_node=1, rdzv="static", m
               events=None, hosts=None) -> TorchrunResult:
     """Run ``script`` under ``nnodes`` torchrun agents on loopback, each with ``nproc_per_node`` workers.
 
-    Returns a ``TorchrunResult``. Raises ``TorchrunTimeout`` past ``timeout`` seconds and, with ``check``,
+    Returns a ``TorchrunResult``. Raises ``TorchrunTimeout`` past ``timeout`` seconds (plus the time its processes
+    waited for a CPU) and, with ``check``,
     ``TorchrunError`` when an agent fails. In every case, including ``KeyboardInterrupt``, every agent and
     worker of the run is dead when this returns or raises. ``env`` adds variables for agents and workers.
 
