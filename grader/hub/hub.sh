@@ -188,12 +188,17 @@ cmd_down() {
     local pid proxy
     pid=$(hub_pid 2>/dev/null || true)
     proxy=$(cat "$STATE/jupyterhub-proxy.pid" 2>/dev/null || true)
+    local services=""
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        # its managed services (the idle culler): a hub that had to be killed leaves them running under init
+        services=$(pgrep -P "$pid" 2>/dev/null | tr '\n' ' ' || true)
         kill -TERM "$pid"   # the hub stops every user's server and the proxy it started, then exits
         for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
         kill -KILL "$pid" 2>/dev/null || true
     fi
     if [ -n "$proxy" ] && kill -0 "$proxy" 2>/dev/null; then kill -TERM "$proxy" 2>/dev/null || true; fi
+    # shellcheck disable=SC2086 # one pid a word
+    [ -z "$services" ] || kill -TERM $services 2>/dev/null || true
     rm -f "$STATE/jupyterhub.pid" "$STATE/jupyterhub-proxy.pid"
     echo "hub: down"
 }

@@ -193,10 +193,15 @@ def test_node_crash_requeues_and_resumes(course, two_nodes):
     pending = as_teacher(course, ["squeue", "-h", "-j", job_id, "-o", "%T %r"]).stdout.strip()
     report(f"[slurm-nodes] job {job_id} after the crash: {pending}; dtlabs-n2 {sinfo}")
 
-    # the job needs both nodes: it waits until the node is back (and Slurm holds a requeued job a while: start it now)
+    # the job needs both nodes: it waits until the node is back (and Slurm holds a requeued job a while: start it now,
+    # once its first run has ended on dtlabs-n1 too; started 2 s after the requeue, its srun found the nodes "busy"
+    # with that run's step and waited for good)
     t0 = time.monotonic()
     cluster("up", "--nodes", 2)
-    as_teacher(course, ["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    wait_for(lambda: _job_state(course, job_id) != "PENDING" or all(_node_state(course, n) == "idle" for n in NODES),
+             180, "the job's first run to end on both nodes", poll=2)
+    if _job_state(course, job_id) == "PENDING":
+        as_teacher(course, ["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
     wait_for(lambda: _job_state(course, job_id) == "GONE", 400, "the requeued job's end", poll=2)
     TIMINGS["node crash: node booted to the requeued job's end"] = time.monotonic() - t0
     show = as_teacher(course, ["scontrol", "show", "job", job_id]).stdout
