@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 from lab_utils import cgroups, netns, processes, tempdirs
 from lab_utils.labkit.torchrun import warmstart
-from lab_utils.launcher.diagnostics import Starvation
 from lab_utils.labkit.torchrun.store import HOST, RunStore
 from lab_utils.labkit.torchrun.reaping import (MARKER, kill_node, port_owners, processes_of, reap,
                                                remember_children)
+from lab_utils.launcher.diagnostics import Starvation
 
 LOG_PREFIX = "dtlabs-torchrun-"
 
